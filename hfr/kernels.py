@@ -1,0 +1,128 @@
+"""Reduce k buffers into one: the CPU kernels of the intra-node step, one signature, three backends.
+
+Per element the inputs are combined left to right, ((x0 op x1) op x2) ..., in the accumulation type
+(float32 for float16 and bfloat16, rounded once at the end; the dtype itself otherwise), so every
+backend gives the bits of the NumPy reference. Integers wrap as NumPy's do; max and min propagate NaN
+as np.maximum and np.minimum do.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from .ops import Op, OpLike, accumulation_dtype, as_dtype, as_op
+
+__all__ = ["reduce_into", "available_backends", "BACKENDS"]
+
+BACKENDS = ("cython", "numba", "numpy")
+KERNEL_OPS = (Op.SUM, Op.MAX, Op.MIN, Op.PROD)
+_UFUNCS = {Op.SUM: np.add, Op.MAX: np.maximum, Op.MIN: np.minimum, Op.PROD: np.multiply}
+
+
+def _reduce_numpy(out: np.ndarray, inputs: Sequence[np.ndarray], op: Op, threads: int) -> None:
+    """The reference: the chain of ufunc calls, in the accumulation type."""
+    ufunc = _UFUNCS[op]
+    acc_dtype = accumulation_dtype(out.dtype)
+    if acc_dtype == out.dtype:
+        np.copyto(out, inputs[0])
+        for x in inputs[1:]:
+            ufunc(out, x, out=out)
+        return
+    acc = inputs[0].astype(acc_dtype)
+    for x in inputs[1:]:
+        ufunc(acc, x.astype(acc_dtype), out=acc)
+    np.copyto(out, acc.astype(out.dtype))
+
+
+ReduceFn = Callable[[np.ndarray, Sequence[np.ndarray], Op, int], None]
+_LOADED: dict[str, Optional[ReduceFn]] = {"numpy": _reduce_numpy}
+
+
+def _load(backend: str) -> Optional[ReduceFn]:
+    """The backend's reduce function, or None when it cannot be imported here."""
+    if backend not in _LOADED:
+        _LOADED[backend] = None
+    return _LOADED[backend]
+
+
+def available_backends() -> list[str]:
+    """The backends that work in this process, fastest first."""
+    return [b for b in BACKENDS if _load(b) is not None]
+
+
+def _flat(a: np.ndarray, what: str) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray, got {type(a).__name__}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{what} is not C-contiguous (strides {a.strides})")
+    return a.reshape(-1)
+
+
+def check_arguments(out: np.ndarray, inputs: Sequence[np.ndarray], op: OpLike) -> tuple[np.ndarray, list[np.ndarray], Op]:
+    """Flat views of out and inputs and the Op, or TypeError/ValueError naming what is wrong."""
+    out_flat = _flat(out, "out")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    as_dtype(out.dtype)
+    if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
+        raise TypeError(f"inputs must be a sequence of arrays, got {type(inputs).__name__}")
+    if len(inputs) == 0:
+        raise ValueError("inputs is empty: need at least one array")
+    flats = []
+    for i, x in enumerate(inputs):
+        xf = _flat(x, f"inputs[{i}]")
+        if x.dtype != out.dtype:
+            raise TypeError(f"inputs[{i}] has dtype {x.dtype}, out has {out.dtype}")
+        if x.size != out.size:
+            raise ValueError(f"inputs[{i}] has {x.size} elements, out has {out.size}")
+        if i > 0 and np.shares_memory(xf, out_flat):
+            raise ValueError(f"out overlaps inputs[{i}]: out may alias inputs[0] only")
+        flats.append(xf)
+    if flats[0] is not out_flat and np.shares_memory(flats[0], out_flat) and flats[0].ctypes.data != out_flat.ctypes.data:
+        raise ValueError("out partly overlaps inputs[0]: it may alias it exactly or not at all")
+    op = as_op(op)
+    if op not in KERNEL_OPS:
+        raise ValueError(f"op {op.value!r} is not a kernel op: expected one of {[o.value for o in KERNEL_OPS]}")
+    return out_flat, flats, op
+
+
+def reduce_into(
+    out: np.ndarray,
+    inputs: Sequence[np.ndarray],
+    op: OpLike = "sum",
+    *,
+    backend: Optional[str] = None,
+    threads: Optional[int] = None,
+) -> np.ndarray:
+    """out = inputs[0] op inputs[1] op ... elementwise; out may be inputs[0]. Returns out.
+
+    backend: "cython", "numba" or "numpy" (default: HFR_KERNEL, else the fastest available).
+    threads: threads to use (default: HFR_NUM_THREADS, else all cores).
+    """
+    out_flat, flats, op = check_arguments(out, inputs, op)
+    fn = _choose(backend)
+    fn(out_flat, flats, op, _threads(threads))
+    return out
+
+
+def _choose(backend: Optional[str]) -> ReduceFn:
+    import os
+
+    name = backend or os.environ.get("HFR_KERNEL") or available_backends()[0]
+    if name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}: expected one of {list(BACKENDS)}")
+    fn = _load(name)
+    if fn is None:
+        raise ValueError(f"kernel backend {name!r} is not available here (available: {available_backends()})")
+    return fn
+
+
+def _threads(threads: Optional[int]) -> int:
+    import os
+
+    if threads is None:
+        threads = int(os.environ.get("HFR_NUM_THREADS", 0)) or os.cpu_count() or 1
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    return threads

@@ -1,0 +1,81 @@
+"""Reduction ops and dtypes: the tables every other module checks against."""
+from __future__ import annotations
+
+import enum
+from typing import Any, Union
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["Op", "OpLike", "DTYPES", "as_op", "as_dtype", "accumulation_dtype", "dtype_code", "op_code"]
+
+
+class Op(str, enum.Enum):
+    """The reductions hfr does. AVG is SUM divided by the number of ranks (float dtypes only)."""
+
+    SUM = "sum"
+    AVG = "avg"
+    MAX = "max"
+    MIN = "min"
+    PROD = "prod"
+
+
+OpLike = Union[Op, str, Any]  # Any: MPI.SUM-style objects
+
+# Supported dtypes, in the order of their wire codes (dtype_code); never reorder.
+DTYPES: tuple[np.dtype, ...] = tuple(
+    np.dtype(t)
+    for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.int64)
+)
+_DTYPE_CODES = {dt: code for code, dt in enumerate(DTYPES)}
+_OP_CODES = {op: code for code, op in enumerate(Op)}
+_HALF_TYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def _mpi_ops() -> dict:
+    """MPI.SUM-style objects, by name; empty when mpi4py is not importable."""
+    try:
+        from mpi4py import MPI
+    except ImportError:  # pragma: no cover - mpi4py is a dependency
+        return {}
+    return {MPI.SUM: Op.SUM, MPI.MAX: Op.MAX, MPI.MIN: Op.MIN, MPI.PROD: Op.PROD}
+
+
+def as_op(op: OpLike) -> Op:
+    """The Op that op names: an Op, its name ("sum", case-insensitive) or MPI.SUM/MAX/MIN/PROD."""
+    if isinstance(op, Op):
+        return op
+    if isinstance(op, str):
+        try:
+            return Op(op.lower())
+        except ValueError:
+            raise ValueError(f"unknown op {op!r}: expected one of {[o.value for o in Op]}") from None
+    for mpi_op, ours in _mpi_ops().items():
+        if op == mpi_op:
+            return ours
+    raise ValueError(f"unknown op {op!r}: expected one of {[o.value for o in Op]}, an hfr.Op or MPI.SUM/MAX/MIN/PROD")
+
+
+def as_dtype(dtype: Any) -> np.dtype:
+    """dtype as a NumPy dtype, or TypeError naming it when hfr does not reduce it."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in _DTYPE_CODES:
+        names = ", ".join(d.name for d in DTYPES)
+        raise TypeError(f"unsupported dtype {dtype!s}: hfr reduces {names}")
+    return dt
+
+
+def accumulation_dtype(dtype: np.dtype) -> np.dtype:
+    """The type sums are carried in: float32 for float16 and bfloat16, the dtype itself otherwise."""
+    return np.dtype(np.float32) if dtype in _HALF_TYPES else dtype
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    return _DTYPE_CODES[dtype]
+
+
+def op_code(op: Op) -> int:
+    return _OP_CODES[op]
