@@ -1,0 +1,62 @@
+"""Run real MPI jobs from pytest: mpiexec -n N python -m mpi4py SCRIPT, bounded by a timeout.
+
+`python -m mpi4py` aborts the whole job when any rank raises, so a failing rank never hangs it; the
+timeout (and killing the process group) covers a rank that hangs.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+WORKERS = Path(__file__).parent / "workers"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=None)
+def mpiexec() -> list[str]:
+    """The launcher beside this Python (the venv's MPICH), else the one on PATH, with the flags it needs."""
+    exe = Path(sys.executable).parent / "mpiexec"
+    launcher = str(exe) if exe.exists() else shutil.which("mpiexec") or shutil.which("mpirun")
+    if launcher is None:
+        raise RuntimeError("no mpiexec found: install the 'mpich' extra or an MPI library")
+    version = subprocess.run([launcher, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        return [launcher, "--oversubscribe", "--bind-to", "none"]
+    return [launcher]
+
+
+def run_mpi(
+    nprocs: int,
+    script: str,
+    *args: str,
+    env: Optional[dict] = None,
+    timeout: float = 120,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run tests/workers/SCRIPT on nprocs ranks; returns the finished process (stdout+stderr as text).
+
+    With check, a non-zero exit fails the calling test and shows what the ranks printed."""
+    full_env = dict(os.environ)
+    full_env.update({"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HFR_NUM_THREADS": full_env.get("HFR_NUM_THREADS", "1")})
+    full_env.update(env or {})
+    path = script if os.path.isabs(script) else str(WORKERS / script)
+    cmd = mpiexec() + ["-n", str(nprocs), sys.executable, "-m", "mpi4py", path, *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{' '.join(cmd)} hung for {timeout} s; output:\n{out}") from None
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}; output:\n{out}")
+    return result
