@@ -1,6 +1,63 @@
-"""hfr: HFReduce in Python. Allreduce that sums on the CPU, for CuPy and NumPy arrays over MPI."""
+"""hfr: HFReduce in Python. Allreduce that sums on the CPU, for CuPy and NumPy arrays over MPI.
+
+The module functions use a default Communicator on MPI.COMM_WORLD, made on first use and closed at
+exit.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+from typing import Any, Optional
+
+from .comm import Communicator
 from .errors import HFRError, HFRTimeoutError, MismatchError
-from .ops import Op
+from .ops import Op, OpLike
+from .work import Work
 
 __version__ = "0.1.0"
-__all__ = ["HFRError", "HFRTimeoutError", "MismatchError", "Op", "__version__"]
+__all__ = [
+    "Communicator", "Work", "Op", "HFRError", "HFRTimeoutError", "MismatchError",
+    "allreduce", "allreduce_async", "reduce", "reduce_async", "broadcast", "broadcast_async",
+    "default_communicator", "__version__",
+]
+
+_default: Optional[Communicator] = None
+_default_lock = threading.Lock()
+
+
+def default_communicator() -> Communicator:
+    """The Communicator on MPI.COMM_WORLD that the module functions use (collective on first call)."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.closed:
+            _default = Communicator()
+            atexit.register(_default.close)
+        return _default
+
+
+def allreduce(x: Any, op: OpLike = "sum", out: Any = None) -> Any:
+    """Reduce x over all ranks of MPI.COMM_WORLD; in place unless out is given. Returns the result."""
+    return default_communicator().allreduce(x, op, out)
+
+
+def allreduce_async(x: Any, op: OpLike = "sum", out: Any = None) -> Work:
+    """Start an allreduce and return its Work at once."""
+    return default_communicator().allreduce_async(x, op, out)
+
+
+def reduce(x: Any, root: int = 0, op: OpLike = "sum", out: Any = None) -> Any:
+    """Reduce x over all ranks into x (or out) of rank root."""
+    return default_communicator().reduce(x, root, op, out)
+
+
+def reduce_async(x: Any, root: int = 0, op: OpLike = "sum", out: Any = None) -> Work:
+    return default_communicator().reduce_async(x, root, op, out)
+
+
+def broadcast(x: Any, root: int = 0) -> Any:
+    """Copy x of rank root into x of every rank."""
+    return default_communicator().broadcast(x, root)
+
+
+def broadcast_async(x: Any, root: int = 0) -> Work:
+    return default_communicator().broadcast_async(x, root)

@@ -1,0 +1,60 @@
+"""Copies between a rank's array and the node-shared segment.
+
+A copy returns a token: None when it has already finished, else a CUDA event to poll. For CuPy
+arrays the copies run on a copy stream of the Communicator's own (the GPU's copy engines, no kernel),
+ordered after the work the caller had queued on its current stream when it made the call.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = ["HostCopies", "CudaCopies", "finished"]
+
+
+def finished(token: Any) -> bool:
+    return token is None or token.done
+
+
+class HostCopies:
+    """NumPy arrays: a memcpy, finished when it returns."""
+
+    def begin(self, ready: Any) -> None:
+        pass
+
+    def to_segment(self, dst: np.ndarray, src: Any, start: int) -> None:
+        np.copyto(dst, src.view(np.uint8)[start : start + dst.size])
+
+    def from_segment(self, dst: Any, start: int, src: np.ndarray) -> None:
+        np.copyto(dst.view(np.uint8)[start : start + src.size], src)
+
+
+class CudaCopies:
+    """CuPy arrays on one device: asynchronous copies through a page-locked segment."""
+
+    def __init__(self, device: int):
+        import cupy
+
+        self._cupy = cupy
+        self.device = device
+        with cupy.cuda.Device(device):
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+
+    def begin(self, ready: Optional[Any]) -> None:
+        """Order the copies that follow after the event recorded on the caller's stream."""
+        if ready is not None:
+            self.stream.wait_event(ready)
+
+    def _copy(self, dst_ptr: int, src_ptr: int, nbytes: int, kind: int) -> Any:
+        runtime = self._cupy.cuda.runtime
+        runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, kind, self.stream.ptr)
+        event = self._cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(self.stream)
+        return event
+
+    def to_segment(self, dst: np.ndarray, src: Any, start: int) -> Any:
+        return self._copy(dst.ctypes.data, src.data.ptr + start, dst.size, self._cupy.cuda.runtime.memcpyDeviceToHost)
+
+    def from_segment(self, dst: Any, start: int, src: np.ndarray) -> Any:
+        return self._copy(dst.data.ptr + start, src.ctypes.data, src.size, self._cupy.cuda.runtime.memcpyHostToDevice)

@@ -1,0 +1,327 @@
+"""The chunk pipeline of one Communicator (Algorithm 1 of the paper), run by its progress thread.
+
+Terms. A call's array is cut into **chunks** of chunk_bytes. Chunks are numbered across the whole
+life of the Communicator (the chunk's **sequence number** g), and chunk g uses **stage** g % STAGES of
+the node-shared segment. Within a chunk, local rank l owns **slice** l: it sums slice l of the L input
+slots in slot order into the result slot, then takes it through the inter-node step on its rail.
+
+Ranks of a node synchronise through four monotonic **counters** in their control rows, each written
+only by its owner and read by the others ("I have done this step for chunks up to here"):
+  ANNOUNCED  calls whose descriptor I have written (checked by everyone before any data moves)
+  ARRIVED    chunks I have copied into my input slot
+  REDUCED    chunks whose slice I own is final in the result slot
+  CONSUMED   chunks I have copied out of the result slot
+A stage's input slots are reused once every rank has REDUCED the chunk that used them before, its
+result slot once every rank has CONSUMED it. So copies into the segment run ahead by up to STAGES
+chunks, while other chunks are reduced, travel and are copied back.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import internode, kernels
+from .arrays import Array
+from .copies import CudaCopies, HostCopies, finished
+from .errors import HFRError, HFRTimeoutError, MismatchError
+from .ops import DTYPES, Op, accumulation_dtype, dtype_code, op_code
+from .shm import Segment
+from .topology import Layout
+from .work import Work
+
+__all__ = ["Engine", "Call", "COLLECTIVES"]
+
+STAGES = 3
+ANNOUNCED, ARRIVED, REDUCED, CONSUMED = 0, 8, 16, 24  # control words, one cache line apart
+DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls
+DESCRIPTOR_WORDS = 8
+DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")
+COLLECTIVES = ("allreduce", "reduce", "broadcast")
+SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
+
+
+@dataclass
+class Call:
+    """One collective as the calling thread checked it."""
+
+    collective: str
+    x: Array
+    out: Array
+    op: Op  # SUM for broadcast, where it is unused
+    root: int  # 0 for allreduce, where it is unused
+    ready: Any  # CUDA event recorded on the caller's stream, or None
+    work: Work
+
+    def descriptor(self) -> list[int]:
+        op = -1 if self.collective == "broadcast" else op_code(self.op)
+        return [COLLECTIVES.index(self.collective), self.x.size, dtype_code(self.x.dtype), op, self.root]
+
+
+def slice_bounds(count: int, parts: int, part: int, align: int) -> tuple[int, int]:
+    """Elements [lo, hi) of `count` that part `part` of `parts` owns; every bound but the last is
+    a multiple of align."""
+
+    def edge(j: int) -> int:
+        return count if j >= parts else (j * count // parts) // align * align
+
+    return edge(part), edge(part + 1)
+
+
+def divide(buf: np.ndarray, n: int) -> None:
+    """buf /= n, in the accumulation type, rounded once (the last step of avg)."""
+    acc = accumulation_dtype(buf.dtype)
+    if acc == buf.dtype:
+        np.divide(buf, n, out=buf)
+    else:
+        buf[...] = (buf.astype(acc) / acc.type(n)).astype(buf.dtype)
+
+
+class Engine:
+    """Owns the segment and the progress thread; runs the calls submitted to it, in order."""
+
+    def __init__(self, comm: MPI.Comm, layout: Layout, node_comm: MPI.Comm, rail_comm: MPI.Comm,
+                 *, chunk_bytes: int, timeout: float, threads: int, algo: str):
+        self.layout = layout
+        self.comm, self.node_comm, self.rail_comm = comm, node_comm, rail_comm
+        self.chunk_bytes, self.timeout, self.threads, self.algo = chunk_bytes, timeout, threads, algo
+        self.segment = Segment(node_comm, chunk_bytes, STAGES)
+        self.broken: Optional[BaseException] = None
+        self._chunks_done = 0
+        self._calls_done = 0
+        self._host = HostCopies()
+        self._cuda: Optional[CudaCopies] = None
+        self._copies_out: deque = deque()  # (sequence number, token) of copies out not yet CONSUMED
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=f"hfr-progress-{layout.rank}", daemon=True)
+        self._thread.start()
+
+    # --- the calling thread's side -------------------------------------------------------------
+    def submit(self, call: Call) -> Work:
+        self._queue.put(call)
+        return call.work
+
+    def close(self) -> None:
+        """Finish the calls already submitted, stop the thread, free the segment (collective)."""
+        self._queue.put(None)
+        self._thread.join()
+        if self.broken is None:
+            self.segment.free()
+
+    # --- the progress thread -------------------------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            call = self._queue.get()
+            if call is None:
+                return
+            if self.broken is not None:
+                call.work._fail(HFRError(f"rank {self.layout.rank}: the communicator failed earlier "
+                                         f"and takes no more calls: {self.broken}"))
+                continue
+            try:
+                self._run(call)
+                call.work._succeed()
+            except MismatchError as error:
+                call.work._fail(error)
+            except BaseException as error:  # the peers' state is unknown now: refuse further calls
+                self.broken = error
+                call.work._fail(error)
+
+    def _run(self, call: Call) -> None:
+        self._agree(call)
+        if call.x.size == 0:
+            return
+        layout, segment = self.layout, self.segment
+        x, out, root = call.x, call.out, call.root
+        copies = self._copies(x)
+        copies.begin(call.ready)
+        itemsize = x.dtype.itemsize
+        chunk_elems = self.chunk_bytes // itemsize
+        nchunks = -(-x.size // chunk_elems)
+        base = self._chunks_done
+        align = SLICE_ALIGN_BYTES // itemsize
+        root_node, root_local = divmod(root, layout.local_size)
+        is_root = layout.rank == root
+        # Who copies what where, for this collective.
+        into_result = call.collective == "broadcast"  # the root's data goes straight to the result slot
+        deposits = not into_result or is_root
+        if call.collective == "allreduce":
+            copies_out = True
+        elif call.collective == "reduce":
+            copies_out = is_root
+        else:
+            copies_out = not (is_root and out.address == x.address)
+        algo = self._algo_for(x.nbytes) if layout.nnodes > 1 else None
+        pending_in: dict[int, Any] = {}
+
+        def deposit(c: int) -> None:
+            g = base + c
+            start = c * self.chunk_bytes
+            nbytes = min(self.chunk_bytes, x.nbytes - start)
+            dst = segment.result(g % STAGES) if into_result else segment.slot(g % STAGES, layout.local_rank)
+            pending_in[c] = copies.to_segment(dst[:nbytes], x.flat, start)
+
+        if deposits and not into_result:
+            for c in range(min(STAGES, nchunks)):
+                deposit(c)
+        for c in range(nchunks):
+            g = base + c
+            stage = g % STAGES
+            first = c * chunk_elems
+            count = min(chunk_elems, x.size - first)
+            where = f"{call.collective} chunk {c + 1}/{nchunks}"
+            if deposits and into_result:
+                self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out")
+                deposit(c)
+            if c in pending_in:
+                self._wait(lambda: finished(pending_in[c]), f"{where}: the copy into the segment")
+                del pending_in[c]
+            self._publish(ARRIVED, g + 1)
+            self._wait_all(ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in")
+            self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out")
+            lo, hi = slice_bounds(count, layout.local_size, layout.local_rank, align)
+            result = segment.result(stage)[lo * itemsize : hi * itemsize].view(x.dtype)
+            deadline = time.monotonic() + self.timeout
+            if call.collective == "broadcast":
+                if layout.nnodes > 1:
+                    internode.broadcast(self.rail_comm, result, first + lo, root_node, deadline=deadline)
+            else:
+                inputs = [segment.slot(stage, j)[lo * itemsize : hi * itemsize].view(x.dtype)
+                          for j in range(layout.local_size)]
+                kernel_op = Op.SUM if call.op is Op.AVG else call.op
+                kernels.reduce_into(result, inputs, kernel_op, threads=self.threads)
+                if layout.nnodes > 1 and call.collective == "allreduce":
+                    internode.allreduce(self.rail_comm, result, first + lo, kernel_op, algo=algo,
+                                        deadline=deadline, threads=self.threads)
+                elif layout.nnodes > 1:
+                    internode.reduce(self.rail_comm, result, first + lo, kernel_op, root_node, algo=algo,
+                                     deadline=deadline, threads=self.threads)
+                if call.op is Op.AVG:
+                    divide(result, layout.size)
+            self._publish(REDUCED, g + 1)
+            self._wait_all(REDUCED, g + 1, f"{where}: the node's ranks to finish their slices")
+            token = None
+            if copies_out:
+                token = copies.from_segment(out.flat, c * self.chunk_bytes, segment.result(stage)[: count * itemsize])
+            self._copies_out.append((g, token))
+            self._retire_copies_out()
+            if deposits and not into_result and c + STAGES < nchunks:
+                deposit(c + STAGES)
+        self._wait(lambda: not self._retire_copies_out(), f"{call.collective}: the copies back to finish")
+        self._chunks_done = base + nchunks
+
+    def _copies(self, x: Array):
+        if x.kind == "numpy":
+            return self._host
+        if self._cuda is None:
+            import cupy
+
+            with cupy.cuda.Device(x.device):
+                self.segment.register_for_cuda()
+                self._cuda = CudaCopies(x.device)
+        return self._cuda
+
+    def _algo_for(self, nbytes: int) -> str:
+        return internode.choose_algo(nbytes, self.layout.nnodes) if self.algo == "auto" else self.algo
+
+    # --- agreement before any data moves ------------------------------------------------------
+    def _agree(self, call: Call) -> None:
+        """Raise MismatchError on every rank unless every rank made the same call."""
+        k = self._calls_done
+        column = DESCRIPTOR + DESCRIPTOR_WORDS * (k % 2)
+        mine = np.zeros(DESCRIPTOR_WORDS, np.int64)
+        mine[: len(DESCRIPTOR_FIELDS)] = call.descriptor()
+        control = self.segment.control
+        control[self.layout.local_rank, column : column + DESCRIPTOR_WORDS] = mine
+        self._publish(ANNOUNCED, k + 1)
+        self._wait_all(ANNOUNCED, k + 1, f"{call.collective}: the node's ranks to make the call")
+        self.segment.sync()
+        rows = control[:, column : column + DESCRIPTOR_WORDS].copy()
+        self._calls_done = k + 1
+        differs = bool((rows != rows[0]).any())
+        if self.layout.nnodes > 1:
+            # One small max-allreduce over the rail: any node that differs, or nodes that differ.
+            votes = np.concatenate(([int(differs)], rows[0], -rows[0]))
+            self._complete(self.rail_comm.Iallreduce(MPI.IN_PLACE, votes, op=MPI.MAX), "the call check")
+            differs = bool(votes[0]) or bool((votes[1 : 1 + DESCRIPTOR_WORDS] != -votes[1 + DESCRIPTOR_WORDS :]).any())
+        if differs:
+            table = np.empty((self.layout.size, DESCRIPTOR_WORDS), np.int64)
+            self._complete(self.comm.Iallgather(mine, table), "the call check")
+            raise MismatchError(describe_mismatch(table))
+
+    # --- waiting -------------------------------------------------------------------------------
+    def _publish(self, column: int, value: int) -> None:
+        self.segment.sync()  # our data stores become visible before the counter that announces them
+        self.segment.control[self.layout.local_rank, column] = value
+
+    def _all_reached(self, column: int, target: int) -> bool:
+        self.segment.sync()
+        return int(self.segment.control[:, column].min()) >= target
+
+    def _wait_all(self, column: int, target: int, what: str) -> None:
+        if target > 0:
+            self._wait(lambda: self._all_reached(column, target), what,
+                       laggards=lambda: np.flatnonzero(self.segment.control[:, column] < target).tolist())
+
+    def _complete(self, request: MPI.Request, what: str) -> None:
+        self._wait(request.Test, what)
+
+    def _retire_copies_out(self) -> bool:
+        """Publish CONSUMED for the copies out that have finished, in order; True if some remain."""
+        while self._copies_out and finished(self._copies_out[0][1]):
+            g, _ = self._copies_out.popleft()
+            self._publish(CONSUMED, g + 1)
+        return bool(self._copies_out)
+
+    def _wait(self, ready: Callable[[], bool], what: str, laggards: Optional[Callable[[], list]] = None) -> None:
+        """Poll ready() until it holds, keeping copies out retired; HFRTimeoutError after the timeout.
+
+        Polls yield the CPU at once, then sleep with a growing pause (ranks may share cores)."""
+        if ready():
+            return
+        deadline = time.monotonic() + self.timeout
+        polls, pause = 0, 0.0
+        while True:
+            self._retire_copies_out()
+            if ready():
+                return
+            polls += 1
+            if polls < 200:
+                os.sched_yield()
+            else:
+                pause = min(max(pause * 2, 20e-6), 1e-3)
+                time.sleep(pause)
+            if time.monotonic() > deadline:
+                layout = self.layout
+                who = ""
+                if laggards is not None:
+                    who = f" (still waiting for ranks {[layout.node_ranks[j] for j in laggards()]})"
+                raise HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "
+                                      f"waited {self.timeout:g} s for {what}{who}")
+
+
+def describe_mismatch(table: np.ndarray) -> str:
+    """Which fields of the call descriptors differ, and on which ranks."""
+    names = {
+        "collective": lambda v: COLLECTIVES[v] if 0 <= v < len(COLLECTIVES) else str(v),
+        "dtype": lambda v: DTYPES[v].name if 0 <= v < len(DTYPES) else str(v),
+        "op": lambda v: "-" if v < 0 else list(Op)[v].value,
+    }
+    parts = []
+    for column, field in enumerate(DESCRIPTOR_FIELDS):
+        values = table[:, column]
+        if (values == values[0]).all():
+            continue
+        show = names.get(field, str)
+        groups = {}
+        for rank, v in enumerate(values.tolist()):
+            groups.setdefault(v, []).append(rank)
+        parts.append(f"{field} differs: " + "; ".join(f"ranks {ranks} have {show(v)}" for v, ranks in groups.items()))
+    return "ranks made different calls: " + " | ".join(parts)
