@@ -1,0 +1,392 @@
+"""The inter-node step: allreduce, reduce and broadcast of one slice over a rail, in place.
+
+Terms. A *rail* is an MPI communicator with one rank per node (rail rank r = node r). The caller owns a
+*slice*: `buf`, a 1-D C-contiguous array holding the elements with *global index* first .. first+len-1
+of a larger array. Every rail rank calls with the same first, len, dtype, op, algo and block_bytes.
+
+dbtree (the default) uses the two trees of hfr.dbtree. Element i belongs to tree (i // G) % 2, where a
+*granule* of G elements is TREE_GRANULE_BYTES long: the split depends on i alone, so the result does not
+depend on how the caller cut its array into slices. Each tree's share is cut into *blocks* of at most
+block_bytes, the pipelining unit. A block goes *up* its tree: a node receives it from each child into
+scratch, combines own ⊕ child0 ⊕ child1 (hfr.kernels, in that fixed order) and sends the sum to its
+parent. The root then holds the total and sends it *down*: each node receives it from its parent into
+buf and forwards it to its children. Up to BLOCKS_IN_FLIGHT blocks per tree are between stages at once,
+both trees move together, and later blocks go up while earlier ones come down. Every rank ends with the
+root's bits, which depend only on the number of nodes, the dtype, the op and the data.
+reduce runs the up phase only, broadcast the down phase only, both on the trees rooted at `root`.
+
+ring is reduce-scatter then allgather around the rail (n-1 steps each) over n equal *segments* of the
+slice; mpi is MPI's own (I)allreduce, with a user-defined op for float16 and bfloat16.
+
+Messages are raw bytes (a uint8 view), matched in posting order (MPI does not let messages between two
+ranks with one tag overtake each other), one tag per (tree, phase). No wait blocks inside MPI: requests
+are polled, yielding the CPU between polls, until done or past the caller's deadline.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from .dbtree import TREES, Node, parent_children, rooted_parent_children
+from .errors import HFRTimeoutError
+from .kernels import KERNEL_OPS, reduce_into
+from .ops import Op, as_dtype
+
+__all__ = ["allreduce", "reduce", "broadcast", "choose_algo", "ALGOS", "TREE_GRANULE_BYTES",
+           "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT"]
+
+ALGOS = ("dbtree", "ring", "mpi")
+TREE_GRANULE_BYTES = 256 * 1024  # fixed: changing it changes which tree sums which element
+DEFAULT_BLOCK_BYTES = 256 * 1024
+BLOCKS_IN_FLIGHT = 4
+BUSY_POLL_S = 20e-6  # after progress stops: poll without pause this long, then yield the CPU ...
+YIELD_POLL_S = 1e-3  # ... between polls for this long, then sleep between polls:
+POLL_SLEEP_S = 50e-6
+
+_UP_TAG = (0x4846, 0x4847)  # by tree; all below MPI's smallest allowed TAG_UB, 32767
+_DOWN_TAG = (0x4848, 0x4849)
+_RING_TAG = 0x484A
+
+_MPI_OPS = {Op.SUM: MPI.SUM, Op.MAX: MPI.MAX, Op.MIN: MPI.MIN, Op.PROD: MPI.PROD}
+_HALF_MPI_OPS: dict[tuple[np.dtype, Op], MPI.Op] = {}  # made once per (dtype, op), never freed
+_ABANDONED: list[MPI.Request] = []  # requests left by a timeout, kept so that MPI never writes freed memory
+
+
+# ---------------------------------------------------------------------------------------- public API
+
+
+def allreduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, *, algo: str = "dbtree",
+              block_bytes: int = DEFAULT_BLOCK_BYTES, deadline: Optional[float] = None, threads: int = 1) -> None:
+    """buf = the op-reduction of buf over all rail ranks, on every rank, in place."""
+    op = _check(rail, buf, first, op, algo, block_bytes)
+    if rail.Get_size() == 1 or buf.size == 0:
+        return
+    if algo == "mpi":
+        flows = [_Sequence(_mpi_allreduce(rail, buf, op))]
+    elif algo == "ring":
+        flows = [_Sequence(_ring_allreduce(rail, buf, op, block_bytes, threads))]
+    else:
+        rank, n = rail.Get_rank(), rail.Get_size()
+        flows = [_TreeFlow(rail, buf, which, parent_children(rank, n, which), first, op, block_bytes, threads,
+                           up=True, down=True) for which in TREES]
+    _drive(rail, flows, deadline, f"allreduce ({algo})")
+
+
+def reduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, root: int, *, algo: str = "dbtree",
+           block_bytes: int = DEFAULT_BLOCK_BYTES, deadline: Optional[float] = None, threads: int = 1) -> None:
+    """buf on rail rank `root` = the op-reduction of buf over all rail ranks; other ranks' buf: unspecified.
+
+    algo "ring" runs the ring allreduce (every rank gets the result)."""
+    op = _check(rail, buf, first, op, algo, block_bytes, root)
+    if rail.Get_size() == 1 or buf.size == 0:
+        return
+    if algo == "mpi":
+        flows = [_Sequence(_mpi_reduce(rail, buf, op, root))]
+    elif algo == "ring":
+        flows = [_Sequence(_ring_allreduce(rail, buf, op, block_bytes, threads))]
+    else:
+        flows = _rooted_flows(rail, buf, first, op, root, block_bytes, threads, up=True, down=False)
+    _drive(rail, flows, deadline, f"reduce to {root} ({algo})")
+
+
+def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
+              block_bytes: int = DEFAULT_BLOCK_BYTES, deadline: Optional[float] = None) -> None:
+    """buf on every rail rank = buf of rail rank `root`, in place, down both trees rooted at root."""
+    _check(rail, buf, first, Op.SUM, "dbtree", block_bytes, root)
+    if rail.Get_size() == 1 or buf.size == 0:
+        return
+    flows = _rooted_flows(rail, buf, first, Op.SUM, root, block_bytes, 1, up=False, down=True)
+    _drive(rail, flows, deadline, f"broadcast from {root}")
+
+
+def choose_algo(nbytes: int, nnodes: int) -> str:
+    """The fastest algo for an allreduce of nbytes per rank over nnodes nodes (see bench/RESULTS.md)."""
+    return "dbtree"
+
+
+# ---------------------------------------------------------------------------------------- arguments
+
+
+def _check(rail, buf, first, op, algo, block_bytes, root=None) -> Op:
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"buf must be a numpy.ndarray, got {type(buf).__name__}")
+    if buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise ValueError(f"buf must be 1-D and C-contiguous, got shape {buf.shape} strides {buf.strides}")
+    if not buf.flags.writeable:
+        raise ValueError("buf is read-only")
+    as_dtype(buf.dtype)
+    if not isinstance(op, Op) or op not in KERNEL_OPS:
+        raise ValueError(f"op must be one of {[o.value for o in KERNEL_OPS]} as an hfr.Op, got {op!r}")
+    if int(first) != first or first < 0:
+        raise ValueError(f"first must be an integer >= 0, got {first!r}")
+    if algo not in ALGOS:
+        raise ValueError(f"unknown algo {algo!r}: expected one of {list(ALGOS)}")
+    if int(block_bytes) != block_bytes or block_bytes < 1:
+        raise ValueError(f"block_bytes must be an integer >= 1, got {block_bytes!r}")
+    if root is not None and not 0 <= root < rail.Get_size():
+        raise ValueError(f"root {root} is out of range for a rail of {rail.Get_size()} ranks")
+    return op
+
+
+# ---------------------------------------------------------------------------------------- polling
+
+
+class _Sequence:
+    """A flow that is one wait after another: a generator yielding (requests, what they await)."""
+
+    def __init__(self, steps: Iterator[tuple[list[MPI.Request], str]]):
+        self.steps = steps
+        self.current = next(steps, None)
+
+    @property
+    def done(self) -> bool:
+        return self.current is None
+
+    def advance(self) -> bool:
+        progressed = False
+        while self.current is not None and MPI.Request.Testall(self.current[0]):
+            self.current = next(self.steps, None)
+            progressed = True
+        return progressed
+
+    def waiting_for(self) -> list[str]:
+        return [self.current[1]]
+
+    def abandon(self) -> None:
+        if self.current is not None:
+            _ABANDONED.extend(self.current[0])
+
+
+def _drive(rail: MPI.Comm, flows: Sequence, deadline: Optional[float], what: str) -> None:
+    """Advance the flows until all are done; HFRTimeoutError naming what is awaited once past deadline."""
+    last_progress = time.monotonic()
+    while True:
+        progressed = False
+        for flow in flows:
+            progressed |= flow.advance()
+        if all(flow.done for flow in flows):
+            return
+        now = time.monotonic()
+        if progressed:
+            last_progress = now
+            continue
+        if deadline is not None and now > deadline:
+            waits = "; ".join(w for flow in flows if not flow.done for w in flow.waiting_for())
+            for flow in flows:
+                flow.abandon()
+            raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
+        idle_s = now - last_progress
+        if idle_s > BUSY_POLL_S:
+            time.sleep(0 if idle_s < YIELD_POLL_S else POLL_SLEEP_S)
+
+
+def _bytes(a: np.ndarray) -> list:
+    """A message spec for a's raw bytes (no MPI datatype needed for float16 or bfloat16)."""
+    return [a.view(np.uint8), MPI.BYTE]
+
+
+# ---------------------------------------------------------------------------------------- dbtree
+
+
+def _tree_blocks(first: int, count: int, itemsize: int, which: int, block_bytes: int) -> list[tuple[int, int]]:
+    """(start, stop) of tree `which`'s blocks, as indices into the slice [first, first + count)."""
+    granule = TREE_GRANULE_BYTES // itemsize
+    block = max(1, block_bytes // itemsize)
+    end = first + count
+    g = first // granule
+    g += (g % 2) != which  # the first granule of this tree at or after `first`
+    blocks = []
+    while g * granule < end:
+        run_start, run_stop = max(g * granule, first), min((g + 1) * granule, end)
+        blocks.extend((s - first, min(s + block, run_stop) - first) for s in range(run_start, run_stop, block))
+        g += 2
+    return blocks
+
+
+def _rooted_flows(rail, buf, first, op, root, block_bytes, threads, *, up, down) -> list:
+    rank, n = rail.Get_rank(), rail.Get_size()
+    return [_TreeFlow(rail, buf, which, rooted_parent_children(rank, n, which, root), first, op, block_bytes,
+                      threads, up=up, down=down) for which in TREES]
+
+
+class _TreeFlow:
+    """One tree's blocks moving up (reduce) and/or down (broadcast), each stage taking blocks in order.
+
+    Stages, with the count of blocks that have passed each:
+      up:   posted    receives from the children posted (into scratch slot block % BLOCKS_IN_FLIGHT)
+            combined  children's blocks combined into buf; the send to the parent posted
+            sent_up   the send to the parent completed
+      down: listening receive from the parent posted (after our own send up of that block completed)
+            arrived   the block is final in buf (received, or combined at the root); sends to children posted
+            finished  the sends to the children completed
+    """
+
+    def __init__(self, rail, buf, which, node: Node, first, op, block_bytes, threads, *, up, down):
+        self.rail, self.buf, self.which, self.op, self.threads = rail, buf, which, op, threads
+        self.parent, self.children = node
+        self.up, self.down = up, down
+        self.blocks = _tree_blocks(first, buf.size, buf.itemsize, which, block_bytes)
+        self.posted = self.combined = self.sent_up = self.listening = self.arrived = self.finished = 0
+        self.child_recvs: collections.deque = collections.deque()  # per block: requests, one per child
+        self.parent_sends: collections.deque = collections.deque()
+        self.parent_recvs: collections.deque = collections.deque()
+        self.child_sends: collections.deque = collections.deque()
+        slot = max((stop - start for start, stop in self.blocks), default=0)
+        slots = BLOCKS_IN_FLIGHT if up else 0
+        self.scratch = np.empty((slots, len(self.children), slot), buf.dtype)
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent == -1
+
+    @property
+    def done(self) -> bool:
+        n = len(self.blocks)
+        if self.down:
+            return self.finished == n
+        return (self.combined if self.is_root else self.sent_up) == n
+
+    def advance(self) -> bool:
+        before = (self.posted, self.combined, self.sent_up, self.listening, self.arrived, self.finished)
+        if self.up:
+            self._advance_up()
+        if self.down:
+            self._advance_down()
+        return before != (self.posted, self.combined, self.sent_up, self.listening, self.arrived, self.finished)
+
+    def _block(self, b: int) -> np.ndarray:
+        start, stop = self.blocks[b]
+        return self.buf[start:stop]
+
+    def _advance_up(self) -> None:
+        nblocks = len(self.blocks)
+        while self.posted < min(nblocks, self.combined + BLOCKS_IN_FLIGHT):
+            size = len(self._block(self.posted))
+            slots = self.scratch[self.posted % BLOCKS_IN_FLIGHT]
+            self.child_recvs.append([self.rail.Irecv(_bytes(slots[i, :size]), c, _UP_TAG[self.which])
+                                     for i, c in enumerate(self.children)])
+            self.posted += 1
+        while self.child_recvs and MPI.Request.Testall(self.child_recvs[0]):
+            self.child_recvs.popleft()
+            block = self._block(self.combined)
+            if self.children:
+                slots = self.scratch[self.combined % BLOCKS_IN_FLIGHT]
+                received = [slots[i, :len(block)] for i in range(len(self.children))]
+                reduce_into(block, [block, *received], self.op, threads=self.threads)
+            if not self.is_root:
+                self.parent_sends.append(self.rail.Isend(_bytes(block), self.parent, _UP_TAG[self.which]))
+            self.combined += 1
+        while self.parent_sends and self.parent_sends[0].Test():
+            self.parent_sends.popleft()
+            self.sent_up += 1
+
+    def _advance_down(self) -> None:
+        nblocks = len(self.blocks)
+        window_end = self.finished + BLOCKS_IN_FLIGHT
+        if self.is_root:
+            while self.arrived < min(self.combined if self.up else nblocks, window_end):
+                self._send_to_children(self.arrived)
+        else:
+            while self.listening < min(self.sent_up if self.up else nblocks, window_end):
+                block = self._block(self.listening)
+                self.parent_recvs.append(self.rail.Irecv(_bytes(block), self.parent, _DOWN_TAG[self.which]))
+                self.listening += 1
+            while self.parent_recvs and self.parent_recvs[0].Test():
+                self.parent_recvs.popleft()
+                self._send_to_children(self.arrived)
+        while self.child_sends and MPI.Request.Testall(self.child_sends[0]):
+            self.child_sends.popleft()
+            self.finished += 1
+
+    def _send_to_children(self, b: int) -> None:
+        block = self._block(b)
+        self.child_sends.append([self.rail.Isend(_bytes(block), c, _DOWN_TAG[self.which]) for c in self.children])
+        self.arrived += 1
+
+    def waiting_for(self) -> list[str]:
+        """The head block of each stage that is stuck, and the peers it waits on, in words."""
+        stages = ((self.child_recvs, self.combined, "from child", self.children),
+                  (self.parent_sends, self.sent_up, "to be taken by parent", (self.parent,)),
+                  (self.parent_recvs, self.arrived, "from parent", (self.parent,)),
+                  (self.child_sends, self.finished, "to be taken by child", self.children))
+        waits = []
+        for queue, block, what, peers in stages:
+            if queue:
+                head = queue[0] if isinstance(queue[0], list) else [queue[0]]
+                late = [str(p) for p, req in zip(peers, head) if not req.Get_status()]
+                if late:
+                    waits.append(f"tree {self.which} block {block} {what} {', '.join(late)}")
+        return waits
+
+    def abandon(self) -> None:
+        """Cancel the receives still posted; keep every request (and so its buffer) alive for good."""
+        receives = [r for reqs in self.child_recvs for r in reqs] + list(self.parent_recvs)
+        for req in receives:
+            req.Cancel()
+        _ABANDONED.extend(receives + [r for reqs in self.child_sends for r in reqs] + list(self.parent_sends))
+
+
+# ---------------------------------------------------------------------------------------- ring
+
+
+def _ring_allreduce(rail, buf, op, block_bytes, threads) -> Iterator[tuple[list[MPI.Request], str]]:
+    """Reduce-scatter then allgather: at step s rank r passes segment (r - s) to its right neighbour."""
+    rank, n = rail.Get_rank(), rail.Get_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    bounds = [buf.size * k // n for k in range(n + 1)]
+
+    def segment(k: int) -> np.ndarray:
+        return buf[bounds[k % n]:bounds[k % n + 1]]
+
+    scratch = np.empty(max(bounds[k + 1] - bounds[k] for k in range(n)), buf.dtype)
+    block = max(1, block_bytes // buf.itemsize)
+
+    def exchange(send: np.ndarray, recv: np.ndarray) -> list[MPI.Request]:
+        sends = [rail.Isend(_bytes(send[i:i + block]), right, _RING_TAG) for i in range(0, send.size, block)]
+        return sends + [rail.Irecv(_bytes(recv[i:i + block]), left, _RING_TAG) for i in range(0, recv.size, block)]
+
+    peers = f"rank {left} to send, rank {right} to receive"
+    for step in range(n - 1):
+        own = segment(rank - step - 1)
+        received = scratch[:own.size]
+        yield exchange(segment(rank - step), received), f"ring reduce-scatter step {step}: {peers}"
+        reduce_into(own, [own, received], op, threads=threads)
+    for step in range(n - 1):
+        yield exchange(segment(rank + 1 - step), segment(rank - step)), f"ring allgather step {step}: {peers}"
+
+
+# ---------------------------------------------------------------------------------------- mpi
+
+
+def _mpi_spec(buf: np.ndarray, op: Op) -> tuple:
+    """The message spec and MPI op for buf: MPI's own types, or uint16 carrying a half type."""
+    if buf.itemsize != 2:
+        return buf, _MPI_OPS[op]
+    key = (buf.dtype, op)
+    if key not in _HALF_MPI_OPS:
+        dtype = buf.dtype
+
+        def combine(inbuf, inoutbuf, datatype) -> None:  # MPI's contract: inoutbuf = inbuf op inoutbuf
+            acc = np.frombuffer(inoutbuf, dtype)
+            reduce_into(acc, [acc, np.frombuffer(inbuf, dtype)], op, threads=1)
+
+        _HALF_MPI_OPS[key] = MPI.Op.Create(combine, commute=True)
+    return [buf.view(np.uint16), MPI.UINT16_T], _HALF_MPI_OPS[key]
+
+
+def _mpi_allreduce(rail, buf, op) -> Iterator[tuple[list[MPI.Request], str]]:
+    spec, mpi_op = _mpi_spec(buf, op)
+    yield [rail.Iallreduce(MPI.IN_PLACE, spec, mpi_op)], "MPI's Iallreduce (some rail rank has not joined it)"
+
+
+def _mpi_reduce(rail, buf, op, root) -> Iterator[tuple[list[MPI.Request], str]]:
+    spec, mpi_op = _mpi_spec(buf, op)
+    if rail.Get_rank() == root:
+        req = rail.Ireduce(MPI.IN_PLACE, spec, mpi_op, root)
+    else:
+        req = rail.Ireduce(spec, None, mpi_op, root)
+    yield [req], f"MPI's Ireduce to {root} (some rail rank has not joined it)"

@@ -1,0 +1,25 @@
+"""hfr.internode on real MPI jobs: COMM_WORLD is the rail, each rank one node (tests/workers/internode_worker.py)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.mpirun import run_mpi
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5])
+def test_every_algo_dtype_op_size_and_root(nranks):
+    out = run_mpi(nranks, "internode_worker.py", "check", timeout=120).stdout
+    assert "OK allreduce" in out
+    assert "OK dbtree bits independent of block_bytes and cuts" in out
+    assert "OK reduce and broadcast from every root" in out
+
+
+def test_dead_peer_times_out_naming_it():
+    start = time.monotonic()
+    out = run_mpi(2, "internode_worker.py", "dead_peer", timeout=60, check=False).stdout
+    assert "OK dead peer" in out, out
+    for algo in ("dbtree", "ring", "mpi"):
+        assert f"OK {algo} timed out" in out, out
+    assert time.monotonic() - start < 30

@@ -1,0 +1,171 @@
+"""Checks of hfr.internode on COMM_WORLD as the rail; run by tests/test_internode.py under mpiexec.
+
+    internode_worker.py check      every algo, dtype, op and size; reduce and broadcast to every root;
+                                   dbtree bits independent of block_bytes and of how the array is cut
+    internode_worker.py dead_peer  2 ranks, rank 1 never calls: rank 0 must time out, naming rank 1
+
+Every rank makes every rank's input from a seed (rank, case), so each computes the expected result
+itself. Prints "OK <what>" lines on rank 0; any failure raises, and mpi4py's runner aborts the job.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hfr import internode
+from hfr.errors import HFRTimeoutError
+from hfr.kernels import KERNEL_OPS
+from hfr.ops import DTYPES, Op, accumulation_dtype
+
+COMM = MPI.COMM_WORLD
+RANK, NRANKS = COMM.Get_rank(), COMM.Get_size()
+SIZES = (0, 1, 7, 100_003)
+UFUNCS = {Op.SUM: np.add, Op.MAX: np.maximum, Op.MIN: np.minimum, Op.PROD: np.multiply}
+POISON = 0xA5
+
+
+def deadline() -> float:
+    return time.monotonic() + 60
+
+
+def make_input(rank: int, dtype: np.dtype, op: Op, size: int, case: int) -> np.ndarray:
+    """Rank `rank`'s input: never zeros; values that keep float sums and products well conditioned."""
+    rng = np.random.default_rng([rank, case, size])
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)  # the full range: sums and products wrap around, exactly as NumPy's
+        return rng.integers(info.min, info.max, size, dtype=dtype, endpoint=True)
+    if op == Op.PROD:
+        return rng.uniform(0.5, 1.5, size).astype(dtype)
+    return rng.uniform(-1, 1, size).astype(dtype)
+
+
+def is_exact(dtype: np.dtype, op: Op) -> bool:
+    """Whether the reduction is exact whatever the order: integers (which wrap) and max and min."""
+    return dtype.kind in "iu" or op in (Op.MAX, Op.MIN)
+
+
+def expected(dtype: np.dtype, op: Op, size: int, case: int) -> np.ndarray:
+    """The reduction over all ranks: exact (in the dtype) for ints, max and min; float64 otherwise."""
+    inputs = [make_input(r, dtype, op, size, case) for r in range(NRANKS)]
+    acc = inputs[0].copy() if is_exact(dtype, op) else inputs[0].astype(np.float64)
+    for x in inputs[1:]:
+        UFUNCS[op](acc, x.astype(acc.dtype), out=acc)
+    return acc
+
+
+def check_close(result: np.ndarray, want: np.ndarray, dtype: np.dtype, op: Op, what: str) -> None:
+    if is_exact(dtype, op):
+        bad = np.flatnonzero(result != want)
+        assert bad.size == 0, f"{what}: {bad.size} wrong, first at {bad[0]}: {result[bad[0]]} != {want[bad[0]]}"
+        return
+    eps = float(np.finfo(dtype).eps)
+    rounding = eps * (2 if accumulation_dtype(dtype) != dtype else 1)  # a half type: one rounding per combine
+    tol = 4 * NRANKS * rounding * (np.abs(want) + (1 if op == Op.SUM else 0))
+    err = np.abs(result.astype(np.float64) - want)
+    assert np.all(err <= tol), f"{what}: max error {err.max()} at {err.argmax()}, tolerance {tol[err.argmax()]}"
+
+
+def digest(a: np.ndarray) -> str:
+    return hashlib.sha1(a.view(np.uint8).tobytes()).hexdigest()
+
+
+def check_same_everywhere(a: np.ndarray, what: str) -> None:
+    digests = COMM.allgather(digest(a))
+    assert len(set(digests)) == 1, f"{what}: ranks differ: {digests}"
+
+
+def check_allreduce() -> None:
+    case = 0
+    for algo in internode.ALGOS:
+        for dtype in DTYPES:
+            for op in KERNEL_OPS:
+                for size in SIZES:
+                    case += 1
+                    buf = make_input(RANK, dtype, op, size, case)
+                    internode.allreduce(COMM, buf, 3, op, algo=algo, deadline=deadline())
+                    what = f"allreduce {algo} {dtype} {op.value} size {size}"
+                    check_close(buf, expected(dtype, op, size, case), dtype, op, what)
+                    check_same_everywhere(buf, what)
+    if RANK == 0:
+        print(f"OK allreduce: {case} cases")
+
+
+def check_dbtree_bits_do_not_depend_on_cuts() -> None:
+    """A float16 sum spanning several granules, with an odd first: same bits for any blocks and cuts."""
+    dtype, first = np.dtype(np.float16), 12_345
+    granule = internode.TREE_GRANULE_BYTES // dtype.itemsize
+    size = 3 * granule + 777
+    data = make_input(RANK, dtype, Op.SUM, size, 1000)
+    whole = data.copy()
+    internode.allreduce(COMM, whole, first, Op.SUM, deadline=deadline())
+    check_close(whole, expected(dtype, Op.SUM, size, 1000), dtype, Op.SUM, "dbtree float16 several granules")
+    check_same_everywhere(whole, "dbtree float16 several granules")
+    for block_bytes in (1002, (64 << 10) + 2, 1 << 20):
+        buf = data.copy()
+        internode.allreduce(COMM, buf, first, Op.SUM, block_bytes=block_bytes, deadline=deadline())
+        assert digest(buf) == digest(whole), f"dbtree bits change with block_bytes {block_bytes}"
+    for cuts in ([granule // 2], [1, 2, granule + 5], [size // 3, 2 * size // 3, size - 1]):
+        buf = data.copy()
+        for start, stop in zip([0, *cuts], [*cuts, size]):
+            internode.allreduce(COMM, buf[start:stop], first + start, Op.SUM, deadline=deadline())
+        assert digest(buf) == digest(whole), f"dbtree bits change when cut at {cuts}"
+    if RANK == 0:
+        print("OK dbtree bits independent of block_bytes and cuts")
+
+
+def check_reduce_and_broadcast() -> None:
+    case = 2000
+    for root in range(NRANKS):
+        for algo in internode.ALGOS:
+            for dtype in (np.dtype(np.float32), DTYPES[1], np.dtype(np.int8)):
+                for size in (1, 100_003):
+                    case += 1
+                    buf = make_input(RANK, dtype, Op.SUM, size, case)
+                    internode.reduce(COMM, buf, 5, Op.SUM, root, algo=algo, block_bytes=40_000, deadline=deadline())
+                    if RANK == root:
+                        what = f"reduce to {root} {algo} {dtype} size {size}"
+                        check_close(buf, expected(dtype, Op.SUM, size, case), dtype, Op.SUM, what)
+        for size in (0, 1, 7, 100_003):
+            source = make_input(root, np.dtype(np.float64), Op.SUM, size, case)
+            buf = source.copy() if RANK == root else np.full(size * 8, POISON, np.uint8).view(np.float64)
+            internode.broadcast(COMM, buf, 1, root, block_bytes=10_000, deadline=deadline())
+            assert digest(buf) == digest(source), f"broadcast from {root} size {size}: wrong bits"
+    if RANK == 0:
+        print("OK reduce and broadcast from every root")
+
+
+def check_dead_peer() -> None:
+    """Rank 1 never calls; rank 0 must raise HFRTimeoutError naming rank 1 for every algo, in time."""
+    if RANK == 1:
+        time.sleep(60)  # the job ends with rank 0's Abort long before
+        return
+    for algo in internode.ALGOS:
+        buf = np.ones(1000, np.float32)
+        start = time.monotonic()
+        try:
+            internode.allreduce(COMM, buf, 0, Op.SUM, algo=algo, deadline=start + 0.5)
+        except HFRTimeoutError as e:
+            late = time.monotonic() - start - 0.5
+            assert late < 3, f"{algo}: timed out {late:.1f} s after the deadline"
+            assert algo == "mpi" or "1" in str(e), f"{algo}: the error does not name rank 1: {e}"
+            print(f"OK {algo} timed out {late * 1e3:.0f} ms after the deadline: {e}", flush=True)
+        else:
+            raise AssertionError(f"{algo}: allreduce returned without its peer")
+    print("OK dead peer", flush=True)
+    os._exit(0)  # MPI_Finalize would wait for rank 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "check":
+        check_allreduce()
+        check_dbtree_bits_do_not_depend_on_cuts()
+        check_reduce_and_broadcast()
+    elif sys.argv[1] == "dead_peer":
+        check_dead_peer()
+    else:
+        raise SystemExit(f"unknown check {sys.argv[1]!r}")
