@@ -1,0 +1,297 @@
+"""The implementations the harness times: hfr and its peers, each real or reported missing.
+
+Every backend has allreduce, reduce and broadcast with one signature, (send, recv, op, root); in place
+means `send is recv`. Where a library's collective only works in place, out-of-place is a copy then the
+in-place collective, as its users would write it, and the copy is timed. Where a library has no average,
+"avg" is a sum then one division, also timed. `unsupported(...)` names the reason a combination cannot
+run; a library that cannot be used at all raises Unavailable from its constructor.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import socket
+from typing import Any, Callable, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .arrays import ArrayKind
+from .collectives import Collective
+
+__all__ = ["Unavailable", "make_backend", "BACKEND_NAMES", "ranks_per_host"]
+
+_HALF_TYPES = ("float16", "bfloat16")
+
+
+class Unavailable(Exception):
+    """The backend cannot run here; the message says why."""
+
+
+def ranks_per_host(comm: MPI.Comm) -> int:
+    host_comm = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return host_comm.size
+    finally:
+        host_comm.Free()
+
+
+def _finish_avg(recv: Any, op: str, nranks: int) -> None:
+    """Turn a sum into an average, in place, for libraries that have no AVG."""
+    if op == "avg":
+        recv /= nranks
+
+
+class HfrBackend:
+    """hfr's Communicator on the whole job."""
+
+    name = "hfr"
+
+    def __init__(self, comm: MPI.Comm, kind: ArrayKind) -> None:
+        try:
+            import hfr
+        except ImportError as e:
+            raise Unavailable(f"hfr is not importable: {e}") from None
+        if not hasattr(hfr, "Communicator") or not hasattr(hfr, "allreduce"):
+            raise Unavailable("this hfr has no allreduce yet")
+        self.hfr = hfr
+        self.comm = hfr.Communicator(comm=comm)
+
+    def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
+        method = getattr(self.comm, coll.name)
+        if not in_place and "out" not in inspect.signature(method).parameters:
+            return f"hfr's {coll.name} works in place only"
+        return None
+
+    def describe(self) -> str:
+        c = self.comm
+        settings = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("HFR_"))
+        return (f"hfr {self.hfr.__version__}: {c.nnodes} node(s) x local size {c.local_size}; "
+                f"env {settings or '(no HFR_* set: defaults)'}")
+
+    def allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self.comm.allreduce(send, op=op, out=None if send is recv else recv)
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self._rooted(self.comm.reduce, send, recv, root, op=op)
+
+    def broadcast(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self._rooted(self.comm.broadcast, send, recv, root)
+
+    @staticmethod
+    def _rooted(method: Callable, send: Any, recv: Any, root: int, **kwargs: Any) -> None:
+        if send is recv:
+            method(send, root=root, **kwargs)
+        else:
+            method(send, root=root, out=recv, **kwargs)
+
+    def close(self) -> None:
+        self.comm.close()
+
+
+class MpiBackend:
+    """MPI Allreduce / Reduce / Bcast on host arrays, through mpi4py's buffer interface."""
+
+    name = "mpi"
+    _OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+
+    def __init__(self, comm: MPI.Comm, kind: ArrayKind) -> None:
+        self.comm = comm
+        self.kind = kind
+
+    def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
+        if self.kind.name != "numpy":
+            return "reduces host arrays (CUDA-aware MPI not assumed): see mpi-staged"
+        if coll.uses_op and dtype.name in _HALF_TYPES:
+            return f"MPI has no standard {dtype.name} reduction"
+        return None
+
+    def allreduce(self, send: np.ndarray, recv: np.ndarray, op: str, root: int) -> None:
+        self.comm.Allreduce(MPI.IN_PLACE if send is recv else send, recv, op=self._OPS[op])
+        _finish_avg(recv, op, self.comm.size)
+
+    def reduce(self, send: np.ndarray, recv: np.ndarray, op: str, root: int) -> None:
+        if self.comm.rank != root:
+            self.comm.Reduce(send, None, op=self._OPS[op], root=root)
+            return
+        self.comm.Reduce(MPI.IN_PLACE if send is recv else send, recv, op=self._OPS[op], root=root)
+        _finish_avg(recv, op, self.comm.size)
+
+    def broadcast(self, send: np.ndarray, recv: np.ndarray, op: str, root: int) -> None:
+        if self.comm.rank == root and send is not recv:
+            np.copyto(recv, send)
+        self.comm.Bcast([recv.view(np.uint8), MPI.BYTE], root=root)
+
+    def close(self) -> None:
+        pass
+
+
+class MpiStagedBackend:
+    """Device arrays through MPI on the host: D2H into pinned buffers, the MPI collective, H2D."""
+
+    name = "mpi-staged"
+
+    def __init__(self, comm: MPI.Comm, kind: ArrayKind) -> None:
+        self.host = MpiBackend(comm, ArrayKind("numpy"))
+        self.kind = kind
+        self.staging: dict[tuple, np.ndarray] = {}  # (shape, dtype, role) -> pinned host buffer, reused
+
+    def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
+        if self.kind.name != "cupy":
+            return "stages device arrays; host arrays are the mpi backend"
+        return self.host.unsupported(coll, dtype, op, in_place)
+
+    def _staged(self, array: Any, role: str) -> np.ndarray:
+        key = (array.shape, array.dtype, role)
+        if key not in self.staging:
+            self.staging[key] = self.kind.empty_pinned(array.size, array.dtype)
+        return self.staging[key]
+
+    def _run(self, method: Callable, send: Any, recv: Any, op: str, root: int) -> None:
+        host_send = self._staged(send, "send")
+        send.get(out=host_send)
+        host_recv = host_send if send is recv else self._staged(recv, "recv")
+        method(host_send, host_recv, op, root)
+        recv.set(host_recv)
+
+    def allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self._run(self.host.allreduce, send, recv, op, root)
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self._run(self.host.reduce, send, recv, op, root)
+
+    def broadcast(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self._run(self.host.broadcast, send, recv, op, root)
+
+    def close(self) -> None:
+        self.staging.clear()
+
+
+def _init_torch_distributed(comm: MPI.Comm) -> Any:
+    """torch.distributed's default (gloo) group on the MPI job: rank 0 opens a TCP store on a free port
+    and tells everyone its address and port through MPI. Returns torch.distributed."""
+    try:
+        import torch.distributed as dist
+    except ImportError as e:
+        raise Unavailable(f"torch is not importable: {e}") from None
+    if dist.is_initialized():
+        return dist
+    hosts = comm.allgather(socket.gethostname())
+    address = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    store = None
+    if comm.rank == 0:  # the server listens before any client connects, so no client waits to retry
+        store = dist.TCPStore(address, port, comm.size, is_master=True, wait_for_workers=False)
+    comm.Barrier()
+    if comm.rank != 0:
+        store = dist.TCPStore(address, port, comm.size, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=comm.rank, world_size=comm.size)
+    return dist
+
+
+class TorchBackend:
+    """torch.distributed collectives (in place only) on tensors that share memory with the arrays."""
+
+    def __init__(self, comm: MPI.Comm, kind: ArrayKind) -> None:
+        self.dist = _init_torch_distributed(comm)
+        self.kind = kind
+        self.nranks = comm.size
+        self.group: Any = None  # None: the default (gloo) group
+        self._ops = {"sum": self.dist.ReduceOp.SUM, "avg": self.dist.ReduceOp.SUM, "max": self.dist.ReduceOp.MAX,
+                     "min": self.dist.ReduceOp.MIN, "prod": self.dist.ReduceOp.PRODUCT}
+
+    def _in_place(self, send: Any, recv: Any, root: Optional[int]) -> Any:
+        """recv as a tensor, holding send's data where a copy is needed first."""
+        if send is not recv and (root is None or self.dist.get_rank() == root):
+            self.kind.copy(recv, send)
+        return self.kind.as_torch(recv)
+
+    def allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        tensor = self._in_place(send, recv, None)
+        self.dist.all_reduce(tensor, op=self._ops[op], group=self.group)
+        _finish_avg(tensor, op, self.nranks)
+
+    def reduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        # every rank's recv is also its input to the reduction, so every rank copies
+        tensor = self._in_place(send, recv, None)
+        self.dist.reduce(tensor, dst=root, op=self._ops[op], group=self.group)
+        if self.dist.get_rank() == root:
+            _finish_avg(tensor, op, self.nranks)
+
+    def broadcast(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self.dist.broadcast(self._in_place(send, recv, root), src=root, group=self.group)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.dist.destroy_process_group(self.group)
+
+
+class GlooBackend(TorchBackend):
+    """torch.distributed over gloo: CPU tensors, and CUDA tensors for allreduce and broadcast."""
+
+    name = "gloo"
+
+    def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
+        if self.kind.name == "cupy" and coll.name == "reduce":
+            return "gloo reduces CPU tensors only"
+        return None
+
+
+class NcclBackend(TorchBackend):
+    """torch.distributed over NCCL, one GPU per rank: device arrays only."""
+
+    name = "nccl"
+
+    def __init__(self, comm: MPI.Comm, kind: ArrayKind) -> None:
+        if kind.name != "cupy":
+            raise Unavailable("NCCL reduces device arrays: use --array cupy")
+        try:
+            import torch
+        except ImportError as e:
+            raise Unavailable(f"torch is not importable: {e}") from None
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        per_host = ranks_per_host(comm)
+        # every rank decides alike, or the group creation below would hang
+        if comm.allreduce(int(gpus < max(per_host, 2)), op=MPI.MAX):
+            raise Unavailable(f"needs >= 2 GPUs and one per rank: this host has {gpus} GPU(s) for {per_host} rank(s)")
+        super().__init__(comm, kind)
+        self.group = self.dist.new_group(backend="nccl")
+
+    def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
+        return None
+
+
+class WrongBackend(MpiBackend):
+    """For the harness's own tests only (hidden from --help): MPI, then rank 0 corrupts one element."""
+
+    name = "wrong"
+
+    def _corrupt(self, recv: np.ndarray) -> None:
+        if self.comm.rank == 0 and recv.size:
+            recv[:1] += 1
+
+    def allreduce(self, send: np.ndarray, recv: np.ndarray, op: str, root: int) -> None:
+        super().allreduce(send, recv, op, root)
+        self._corrupt(recv)
+
+    def reduce(self, send: np.ndarray, recv: np.ndarray, op: str, root: int) -> None:
+        super().reduce(send, recv, op, root)
+        self._corrupt(recv)
+
+    def broadcast(self, send: np.ndarray, recv: np.ndarray, op: str, root: int) -> None:
+        super().broadcast(send, recv, op, root)
+        self._corrupt(recv)
+
+
+_BACKENDS = {b.name: b for b in (HfrBackend, MpiBackend, MpiStagedBackend, GlooBackend, NcclBackend, WrongBackend)}
+BACKEND_NAMES = ("hfr", "mpi", "mpi-staged", "gloo", "nccl")  # the public ones, in table order
+
+
+def make_backend(name: str, comm: MPI.Comm, kind: ArrayKind) -> Any:
+    """The named backend, ready to run, or Unavailable(reason). Collective over comm."""
+    return _BACKENDS[name](comm, kind)

@@ -1,0 +1,237 @@
+"""The sweep: for each size, each backend, out of place then in place: check once, then time.
+
+Terms (as nccl-tests): *size* is the bytes of one rank's array, *count* its elements. *time* is the
+median over the timed iterations of one call's wall time on the slowest rank (per iteration, the max
+over ranks; every call starts from an MPI barrier). *algbw* = size / time; *busbw* = algbw times the
+collective's bus factor. *#wrong* is the number of elements, summed over ranks, that differ from what
+the rank computed locally from the seeds (plus, out of place, input elements the call changed).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import report
+from .arrays import ArrayKind
+from .backends import BACKEND_NAMES, Unavailable, make_backend
+from .collectives import COLLECTIVES, DTYPES, OPS, Collective, count_wrong, poison, rank_input
+
+__all__ = ["main", "parse_args", "parse_size", "sweep_sizes", "Result"]
+
+PLACEMENTS = ("out-of-place", "in-place")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "8", "64K", "16M", "1G" (binary units, as nccl-tests)."""
+    m = re.fullmatch(r"(\d+)([KMG]?)B?", text.strip().upper())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: expected a number with an optional K, M or G")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def sweep_sizes(min_bytes: int, max_bytes: int, factor: int, itemsize: int) -> list[int]:
+    """min_bytes, min_bytes*factor, ... up to max_bytes, each rounded down to whole elements."""
+    if factor < 2 and min_bytes != max_bytes:
+        raise ValueError(f"-f {factor}: the multiplication factor must be >= 2 to reach -e from -b")
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size - size % itemsize)
+        if factor < 2:
+            break
+        size *= factor
+    return sorted(set(sizes))
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="allreduce_perf.py",
+        description="nccl-tests-style benchmark of hfr against MPI, gloo and NCCL. "
+                    "Run as: mpiexec -n N python -m mpi4py bench/allreduce_perf.py [flags]")
+    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("32M"), help="smallest size (default 32M)")
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"), help="largest size (default 32M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="multiplication factor between sizes (default 2)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed warm-up iterations (default 5)")
+    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results (default 1)")
+    p.add_argument("-o", "--op", choices=OPS, default="sum")
+    p.add_argument("-d", "--datatype", choices=list(DTYPES), default="float32")
+    p.add_argument("-r", "--root", type=int, default=0, help="root of reduce and broadcast (default 0)")
+    p.add_argument("--collective", choices=list(COLLECTIVES), default="allreduce")
+    p.add_argument("--array", choices=("numpy", "cupy"), default="numpy")
+    p.add_argument("--backends", default=",".join(BACKEND_NAMES),
+                   help=f"comma-separated, timed in this order (default {','.join(BACKEND_NAMES)})")
+    p.add_argument("--seed", type=int, default=1, help="seed of every rank's input (default 1)")
+    p.add_argument("--json", metavar="FILE", help="write layout, results and speedups as JSON")
+    p.add_argument("--csv", metavar="FILE", help="write the results, one row per size, backend and placement")
+    p.add_argument("--plot", metavar="FILE.png", help="plot algbw against size, one line per backend")
+    p.add_argument("--table", metavar="FILE", help="also write the printed table to FILE")
+    args = p.parse_args(argv)
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    for name in args.backends:
+        if name not in BACKEND_NAMES and name != "wrong":  # "wrong": the tests' corrupting backend
+            p.error(f"unknown backend {name!r}: choose from {','.join(BACKEND_NAMES)}")
+    if args.op == "avg" and DTYPES[args.datatype].kind not in "fV":
+        p.error(f"-o avg needs a float type, not {args.datatype}")
+    if args.iters < 1 or args.warmup_iters < 0:
+        p.error("-n must be >= 1 and -w >= 0")
+    return args
+
+
+@dataclass
+class Result:
+    """One row half: a backend's numbers for one size and one placement (None: not run, see reason)."""
+
+    backend: str
+    placement: str
+    size: int
+    count: int
+    time_us: Optional[float] = None
+    algbw: Optional[float] = None  # GB/s
+    busbw: Optional[float] = None  # GB/s
+    wrong: Optional[int] = None  # None: not checked
+    reason: Optional[str] = None  # why it did not run
+
+
+class Sweep:
+    """Buffers and checking for one size on this rank."""
+
+    def __init__(self, args: argparse.Namespace, kind: ArrayKind, comm: MPI.Comm, size: int) -> None:
+        self.args, self.kind, self.comm = args, kind, comm
+        self.coll: Collective = COLLECTIVES[args.collective]
+        dtype = DTYPES[args.datatype]
+        self.count = size // dtype.itemsize
+
+        def input_of(rank: int) -> np.ndarray:
+            return rank_input(self.count, dtype, args.op, args.seed, rank)
+
+        self.input = input_of(comm.rank)
+        self.expected = (self.coll.expected(input_of, comm.size, comm.rank, args.root, args.op, dtype)
+                         if args.check else None)
+        self.pristine = kind.from_host(self.input)  # copied into the send buffer before every call
+        self.send = kind.from_host(self.input)
+        self.recv = kind.from_host(self.input)
+
+    def buffers(self, in_place: bool) -> tuple[Any, Any]:
+        return (self.recv, self.recv) if in_place else (self.send, self.recv)
+
+    def prepare(self, in_place: bool) -> None:
+        """Restore the input and poison the output (outside the clock), so no call sees old results."""
+        send, recv = self.buffers(in_place)
+        if not in_place:
+            poison(recv)
+        self.kind.copy(send, self.pristine)
+
+    def wrong(self, in_place: bool) -> int:
+        """Wrong elements on all ranks, after one call: the output, and out of place the untouched input."""
+        send, recv = self.buffers(in_place)
+        wrong = 0
+        if self.expected is not None:
+            wrong += count_wrong(self.kind.to_host(recv), self.expected)
+        if not in_place:
+            wrong += count_wrong(self.kind.to_host(send), self.input)
+        return self.comm.allreduce(wrong, op=MPI.SUM)
+
+
+def time_calls(call: Callable[[], None], prepare: Callable[[], None], kind: ArrayKind, comm: MPI.Comm,
+               iters: int, warmup: int) -> float:
+    """Median over iterations of the slowest rank's seconds for one call; warm-up calls are not timed."""
+    seconds = np.zeros(iters)
+    for i in range(warmup + iters):
+        prepare()
+        kind.synchronize()
+        comm.Barrier()
+        start = time.perf_counter()
+        call()
+        kind.synchronize()
+        if i >= warmup:
+            seconds[i - warmup] = time.perf_counter() - start
+    comm.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
+    return float(np.median(seconds))
+
+
+def run_one(backend: Any, sweep: Sweep, in_place: bool) -> Result:
+    args, coll = sweep.args, sweep.coll
+    size = sweep.count * DTYPES[args.datatype].itemsize
+    result = Result(backend.name, PLACEMENTS[in_place], size, sweep.count)
+    result.reason = backend.unsupported(coll, DTYPES[args.datatype], args.op, in_place)
+    if result.reason:
+        return result
+    send, recv = sweep.buffers(in_place)
+    run_collective = getattr(backend, coll.name)
+
+    def call() -> None:
+        run_collective(send, recv, args.op, args.root)
+
+    def prepare() -> None:
+        sweep.prepare(in_place)
+
+    if args.check:
+        prepare()
+        call()
+        sweep.kind.synchronize()
+        result.wrong = sweep.wrong(in_place)
+    seconds = time_calls(call, prepare, sweep.kind, sweep.comm, args.iters, args.warmup_iters)
+    result.time_us = seconds * 1e6
+    result.algbw = size / seconds / 1e9
+    result.busbw = result.algbw * coll.bus_factor(sweep.comm.size)
+    return result
+
+
+def make_backends(args: argparse.Namespace, comm: MPI.Comm, kind: ArrayKind) -> tuple[list[Any], dict[str, str]]:
+    """The backends that can run this collective, and for the others the reason (all ranks agree)."""
+    coll, dtype = COLLECTIVES[args.collective], DTYPES[args.datatype]
+    ready, missing = [], {}
+    for name in args.backends:
+        try:
+            backend, reason = make_backend(name, comm, kind), None
+        except Unavailable as e:
+            backend, reason = None, str(e)
+        reasons = [r for r in comm.allgather(reason) if r]
+        if backend is not None and not reasons:
+            placement_reasons = {backend.unsupported(coll, dtype, args.op, in_place) for in_place in (False, True)}
+            if None not in placement_reasons:  # neither placement runs: skip the backend
+                reasons = sorted(placement_reasons)
+        if reasons:
+            missing[name] = reasons[0]
+            if backend is not None:
+                backend.close()
+        else:
+            ready.append(backend)
+    return ready, missing
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    comm = MPI.COMM_WORLD
+    kind = ArrayKind(args.array)
+    dtype = DTYPES[args.datatype]
+    if not 0 <= args.root < comm.size:
+        raise SystemExit(f"-r {args.root}: the root must be a rank, 0..{comm.size - 1}")
+    sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor, dtype.itemsize)
+    backends, missing = make_backends(args, comm, kind)
+    out = report.Report(args, comm, backends, missing)
+    out.header()
+    progress = report.Progress(len(sizes) * len(backends) * len(PLACEMENTS), enabled=comm.rank == 0)
+    results: list[Result] = []
+    for size in sizes:
+        sweep = Sweep(args, kind, comm, size)
+        for backend in backends:
+            row = []
+            for in_place in (False, True):
+                row.append(run_one(backend, sweep, in_place))
+                progress.advance()
+            out.row(row, progress)
+            results.extend(row)
+        del sweep
+    progress.close()
+    wrong = out.finish(results)
+    for backend in backends:
+        backend.close()
+    return 1 if wrong else 0

@@ -1,0 +1,235 @@
+"""What rank 0 prints and writes: the nccl-tests table, the speedup table, JSON, CSV, a plot, progress."""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import mpi4py
+from mpi4py import MPI
+
+from .backends import ranks_per_host
+from .collectives import COLLECTIVES, DTYPES
+
+__all__ = ["Report", "Progress"]
+
+_KEY_COLUMNS = f"{'backend':>10} {'size':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>5}"
+_KEY_UNITS = f"{'':>10} {'(B)':>12} {'(elements)':>12} {'':>8} {'':>6} {'':>5}"
+_NUM_COLUMNS = f"{'time':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>7}"
+_NUM_UNITS = f"{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}"
+
+
+class Progress:
+    """A progress bar on stderr, shown once a sweep has run a few seconds: tqdm if installed, else a plain one."""
+
+    DELAY_S = 3.0
+    WIDTH = 30
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.start = time.monotonic()
+        self.bar: Any = None  # the tqdm bar, made when first shown
+        self.shown = False
+
+    def advance(self) -> None:
+        self.done += 1
+        if not self.enabled or time.monotonic() - self.start < self.DELAY_S:
+            return
+        if not self.shown:
+            self.shown = True
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=self.total, initial=self.done - 1, file=sys.stderr, unit="run", leave=False)
+            except ImportError:
+                pass
+        if self.bar is not None:
+            self.bar.update()
+        else:
+            filled = self.WIDTH * self.done // self.total
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total}")
+            sys.stderr.flush()
+
+    def write(self, line: str) -> None:
+        """Print a line to stdout without tearing the bar."""
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+            return
+        self.close()
+        print(line, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.shown:
+            sys.stderr.write("\r" + " " * (self.WIDTH + 20) + "\r")
+            sys.stderr.flush()
+
+
+def _fmt(value: Optional[float], width: int, digits: int) -> str:
+    return f"{'n/a':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
+class Report:
+    """Collects the lines rank 0 prints; other ranks only take part in gathering the layout."""
+
+    def __init__(self, args: argparse.Namespace, comm: MPI.Comm, backends: list, missing: dict[str, str]) -> None:
+        self.args, self.comm, self.backends, self.missing = args, comm, backends, missing
+        self.coll = COLLECTIVES[args.collective]
+        self.lines: list[str] = []
+        hosts = comm.gather(socket.gethostname(), root=0)
+        self.layout = {
+            "ranks": comm.size,
+            "hosts": sorted(set(hosts)) if comm.rank == 0 else None,
+            "ranks_per_host": ranks_per_host(comm),
+            "hfr": next((b.describe() for b in backends if b.name == "hfr"), f"hfr: {missing.get('hfr', 'not run')}"),
+            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            "mpi4py": mpi4py.__version__,
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "array": args.array,
+        }
+        self.redop = args.op if self.coll.uses_op else "none"
+        self.root = args.root if self.coll.uses_root else -1
+
+    def _print(self, line: str, progress: Optional[Progress] = None) -> None:
+        if self.comm.rank != 0:
+            return
+        self.lines.append(line)
+        if progress is None:
+            print(line, flush=True)
+        else:
+            progress.write(line)
+
+    def header(self) -> None:
+        a, lay = self.args, self.layout
+        self._print(f"# hfr benchmark: {a.collective}, {a.datatype}, op {self.redop}"
+                    + (f", root {a.root}" if self.coll.uses_root else "")
+                    + f", {a.array} arrays, sizes {a.minbytes}..{a.maxbytes} B x{a.stepfactor}")
+        self._print(f"# date {lay['date']}, host {socket.gethostname()}, hosts {lay['hosts']}")
+        self._print(f"# ranks {lay['ranks']}, {lay['ranks_per_host']} per host; {lay['hfr']}")
+        self._print(f"# {lay['mpi']}; mpi4py {lay['mpi4py']}")
+        self._print(f"# time: median over {a.iters} iterations ({a.warmup_iters} warm-up) of the slowest rank, "
+                    f"MPI barrier before each call; check {'on' if a.check else 'off'} (seed {a.seed})")
+        self._print(f"# busbw = algbw x {self.coll.name}'s bus factor, here {self.coll.bus_factor(self.comm.size):.3f}")
+        for name, reason in self.missing.items():
+            self._print(f"# backend {name}: skipped: {reason}")
+        dtype = DTYPES[a.datatype]
+        for backend in self.backends:
+            for in_place, placement in ((False, "out-of-place"), (True, "in-place")):
+                reason = backend.unsupported(self.coll, dtype, a.op, in_place)
+                if reason:
+                    self._print(f"# backend {backend.name}: {placement} n/a: {reason}")
+        self._print("#")
+        pad = " " * len(_KEY_COLUMNS)
+        self._print(f"#{pad} {'out-of-place':>34}  {'in-place':>34}")
+        self._print(f"#{_KEY_COLUMNS} {_NUM_COLUMNS}  {_NUM_COLUMNS}")
+        self._print(f"#{_KEY_UNITS} {_NUM_UNITS}  {_NUM_UNITS}")
+
+    def row(self, results: list, progress: Progress) -> None:
+        first = results[0]
+        key = (f" {first.backend:>10} {first.size:>12} {first.count:>12} {self.args.datatype:>8} "
+               f"{self.redop:>6} {self.root:>5}")
+        halves = [f"{_fmt(r.time_us, 10, 1)} {_fmt(r.algbw, 7, 3)} {_fmt(r.busbw, 7, 3)} "
+                  f"{'n/a' if r.wrong is None else r.wrong:>7}" for r in results]
+        self._print(key + " " + "  ".join(halves), progress)
+
+    def speedups(self, results: list) -> list[dict]:
+        """Per size and placement: hfr's time against the fastest peer whose results were right."""
+        table = []
+        for size in sorted({r.size for r in results}):
+            for placement in ("out-of-place", "in-place"):
+                timed = [r for r in results if r.size == size and r.placement == placement
+                         and r.time_us is not None and not r.wrong]
+                hfr = next((r for r in timed if r.backend == "hfr"), None)
+                peers = [r for r in timed if r.backend != "hfr"]
+                if hfr is None or not peers:
+                    continue
+                best = min(peers, key=lambda r: r.time_us)
+                table.append({"size": size, "placement": placement, "best_peer": best.backend,
+                              "peer_time_us": best.time_us, "hfr_time_us": hfr.time_us,
+                              "speedup": best.time_us / hfr.time_us})
+        return table
+
+    def finish(self, results: list) -> int:
+        """Print the totals and speedups, write the files; returns the total #wrong."""
+        wrong = sum(r.wrong or 0 for r in results)
+        if self.comm.rank != 0:
+            return wrong
+        checked = any(r.wrong is not None for r in results)
+        self._print(f"# #wrong in all: {wrong} {'OK' if wrong == 0 else 'FAILED'}" if checked
+                    else "# #wrong: not checked (-c 0)")
+        speedups = self.speedups(results)
+        self._print("#")
+        if speedups:
+            self._print("# hfr speedup over the best peer (peer time / hfr time; > 1: hfr is faster)")
+            self._print(f"# {'size':>12} {'placement':>12} {'best peer':>10} {'peer (us)':>11} {'hfr (us)':>11} "
+                        f"{'speedup':>8}")
+            for s in speedups:
+                self._print(f"  {s['size']:>12} {s['placement']:>12} {s['best_peer']:>10} {s['peer_time_us']:>11.1f} "
+                            f"{s['hfr_time_us']:>11.1f} {s['speedup']:>8.2f}")
+        else:
+            self._print("# no speedup table: needs hfr and at least one peer with right results")
+        self._write_files(results, speedups)
+        return wrong
+
+    def _write_files(self, results: list, speedups: list) -> None:
+        a = self.args
+        rows = [dataclasses.asdict(r) for r in results]
+        if a.table:
+            _open_for_writing(a.table).write_text("\n".join(self.lines) + "\n")
+        if a.json:
+            settings = {k: getattr(a, k) for k in ("collective", "datatype", "op", "root", "array", "iters",
+                                                    "warmup_iters", "check", "seed", "backends")}
+            doc = {"layout": self.layout, "settings": settings, "redop": self.redop,
+                   "hfr_env": {k: v for k, v in os.environ.items() if k.startswith("HFR_")},
+                   "skipped": self.missing, "results": rows, "speedups": speedups}
+            _open_for_writing(a.json).write_text(json.dumps(doc, indent=1) + "\n")
+        if a.csv:
+            with _open_for_writing(a.csv).open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["backend"])
+                writer.writeheader()
+                writer.writerows(rows)
+        if a.plot:
+            self._plot(results, _open_for_writing(a.plot))
+
+    def _plot(self, results: list, path: Path) -> None:
+        """algbw against size, log axes, one line per backend (in place, else out of place)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for backend in dict.fromkeys(r.backend for r in results):
+            for placement in ("in-place", "out-of-place"):
+                points = [(r.size, r.algbw) for r in results
+                          if r.backend == backend and r.placement == placement and r.algbw]
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=f"{backend} ({placement})")
+                    break
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("size per rank (bytes)")
+        ax.set_ylabel("algbw (GB/s) = size / time")
+        lay, a = self.layout, self.args
+        ax.set_title(f"{a.collective} {a.datatype} {self.redop}, {a.array} arrays: {lay['ranks']} ranks, "
+                     f"{len(lay['hosts'])} host(s)\n{lay['hfr']}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+
+
+def _open_for_writing(name: str) -> Path:
+    path = Path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,107 @@
+"""The benchmark harness (bench/allreduce_perf.py): its checking in process, then real runs on 2 ranks."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import hfr
+from bench.perf.collectives import COLLECTIVES, DTYPES, count_wrong, poison, rank_input
+from bench.perf.harness import parse_size, sweep_sizes
+from tests.mpirun import REPO, run_mpi
+
+SCRIPT = str(REPO / "bench" / "allreduce_perf.py")
+TINY = ["-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1"]
+NUMBER_COLUMNS = ("time", "algbw", "busbw", "#wrong")
+needs_hfr = pytest.mark.skipif(not hasattr(hfr, "allreduce"), reason="hfr.allreduce has not landed")
+
+
+def table_rows(output: str) -> list[dict]:
+    """The data rows of the printed table: backend size count type redop root, then out-of-place and
+    in-place time algbw busbw #wrong."""
+    rows = []
+    for line in output.splitlines():
+        fields = line.split()
+        if line.startswith("#") or len(fields) != 14 or not fields[1].isdigit():
+            continue
+        row = dict(zip(("backend", "size", "count", "type", "redop", "root"), fields))
+        for placement, values in (("oop", fields[6:10]), ("ip", fields[10:14])):
+            row.update({f"{placement} {name}": value for name, value in zip(NUMBER_COLUMNS, values)})
+        rows.append(row)
+    return rows
+
+
+def test_parse_size_and_sweep():
+    assert [parse_size(s) for s in ("8", "64K", "16M", "1G")] == [8, 64 << 10, 16 << 20, 1 << 30]
+    assert sweep_sizes(8, 64 << 20, 4, 4) == [8 * 4**k for k in range(12)]
+    assert sweep_sizes(6, 6, 1, 4) == [4]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("op", ["sum", "prod", "max"])
+def test_inputs_are_per_rank_and_the_expected_result_is_exact(dtype, op):
+    dt = DTYPES[dtype]
+    inputs = [rank_input(1000, dt, op, seed=3, rank=r) for r in range(4)]
+    assert np.array_equal(inputs[0], rank_input(1000, dt, op, seed=3, rank=0))  # rebuilt alike
+    assert not np.array_equal(inputs[0], inputs[1])
+    expected = COLLECTIVES["allreduce"].expected(inputs.__getitem__, 4, 0, 0, op, dt)
+    by_numpy = {"sum": np.sum, "prod": np.prod, "max": np.max}[op](np.stack(inputs).astype(np.float64), axis=0)
+    assert count_wrong(expected, by_numpy.astype(dt)) == 0
+
+
+def test_reduce_and_broadcast_expect_the_root():
+    dt = DTYPES["int32"]
+    inputs = [np.full(3, r + 1, dt) for r in range(3)]
+    reduce, broadcast = COLLECTIVES["reduce"], COLLECTIVES["broadcast"]
+    assert reduce.expected(inputs.__getitem__, 3, 1, 1, "sum", dt).tolist() == [6, 6, 6]
+    assert reduce.expected(inputs.__getitem__, 3, 0, 1, "sum", dt) is None
+    assert broadcast.expected(inputs.__getitem__, 3, 0, 2, "sum", dt).tolist() == [3, 3, 3]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_poisoned_output_counts_as_wrong(dtype):
+    expected = rank_input(100, DTYPES[dtype], "sum", seed=1, rank=0)
+    output = expected.copy()
+    poison(output)
+    assert count_wrong(output, expected) == 100
+
+
+def test_peers_report_columns_json_csv_and_plot(tmp_path):
+    out = run_mpi(2, SCRIPT, *TINY, "--backends", "mpi,gloo,mpi-staged,nccl", "--json", str(tmp_path / "r.json"),
+                  "--csv", str(tmp_path / "r.csv"), "--plot", str(tmp_path / "r.png"), timeout=60).stdout
+    assert "size" in out and "algbw" in out and "busbw" in out and "#wrong" in out
+    assert "# backend mpi-staged: skipped:" in out and "# backend nccl: skipped:" in out
+    rows = table_rows(out)
+    backends = {r["backend"] for r in rows}
+    assert "mpi" in backends
+    assert backends <= {"mpi", "gloo"}
+    assert {int(r["size"]) for r in rows} == {8, 64, 512, 4096}
+    assert all(r["oop #wrong"] == "0" and r["ip #wrong"] == "0" for r in rows)
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["layout"]["ranks"] == 2 and len(doc["results"]) == 2 * len(rows)
+    assert (tmp_path / "r.csv").read_text().startswith("backend,")
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_wrong_backend_is_caught():
+    proc = run_mpi(2, SCRIPT, *TINY, "--backends", "wrong", timeout=60, check=False)
+    rows = table_rows(proc.stdout)
+    assert rows and all(int(r["oop #wrong"]) > 0 and int(r["ip #wrong"]) > 0 for r in rows), proc.stdout
+    assert "FAILED" in proc.stdout and proc.returncode != 0
+
+
+@needs_hfr
+@pytest.mark.parametrize("collective,dtype,op", [("allreduce", "float32", "sum"), ("allreduce", "bfloat16", "avg"),
+                                                 ("reduce", "int8", "prod"), ("broadcast", "float64", "sum")])
+def test_hfr_and_mpi_are_right(collective, dtype, op):
+    """Two emulated nodes; reduce and broadcast with root 1, so a root-0 assumption shows."""
+    out = run_mpi(2, SCRIPT, *TINY, "--collective", collective, "-d", dtype, "-o", op, "-r", "1",
+                  "--backends", "hfr,mpi", env={"HFR_LOCAL_SIZE": "1"}, timeout=60).stdout
+    rows = table_rows(out)
+    assert "hfr" in {r["backend"] for r in rows}
+    assert all(r[f"{p} #wrong"] in ("0", "n/a") for r in rows for p in ("oop", "ip")), out
+    if collective != "allreduce":
+        assert all(r["root"] == "1" for r in rows)
+    if dtype != "bfloat16":  # MPI has no bfloat16 reduction: no peer to compare with
+        assert "hfr speedup over the best peer" in out
