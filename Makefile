@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 4
-BENCH_ARGS ?= -b 8 -e 64M -f 4 -n 10 -w 3 --plot bench/out/allreduce_numpy.png --json bench/out/allreduce_numpy.json
+BENCH_ARGS ?= -b 16 -e 64M -f 4 -n 10 -w 3 --table bench/out/allreduce_numpy.txt --plot bench/out/allreduce_numpy.png --json bench/out/allreduce_numpy.json
 
 .PHONY: setup test bench bench-kernels clean
 

@@ -206,6 +206,7 @@ class Report:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
 
         fig, ax = plt.subplots(figsize=(8, 5))
         for backend in dict.fromkeys(r.backend for r in results):
@@ -216,6 +217,7 @@ class Report:
                     ax.plot(*zip(*points), marker="o", label=f"{backend} ({placement})")
                     break
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: _binary_bytes(x)))
         ax.set_yscale("log")
         ax.set_xlabel("size per rank (bytes)")
         ax.set_ylabel("algbw (GB/s) = size / time")
@@ -227,6 +229,15 @@ class Report:
         fig.tight_layout()
         fig.savefig(path, dpi=90)
         plt.close(fig)
+
+
+def _binary_bytes(n: float) -> str:
+    """16 -> "16 B", 65536 -> "64 KiB": tick labels for sizes."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:g} {unit}"
+        n /= 1024
+    return f"{n:g} GiB"
 
 
 def _open_for_writing(name: str) -> Path:
