@@ -1,0 +1,276 @@
+"""The Cython reduce kernel: out = x0 op x1 op ... op x(k-1), elementwise, in one pass over memory.
+
+Terms:
+- k: the number of inputs x0..x(k-1); out may be x0 itself.
+- block: the contiguous run of elements one thread owns (the array is cut into `threads` blocks).
+- tile: a run of TILE_BYTES of one block, small enough to stay in L1 while all k inputs are folded
+  into it, so each input is read once and out is written once: (k+1)*bytes of memory traffic.
+- half types (float16, bfloat16): widened to float32 tile by tile, combined in float32, rounded once.
+
+Every loop is a plain `for i in range(m)` over raw pointers with no branch the compiler cannot turn
+into a select, so gcc vectorises it at -O3. Signed sums and products run on the unsigned type of the
+same width, which wraps as NumPy does (signed overflow is undefined in C).
+"""
+from cython.parallel cimport prange
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+cimport numpy as cnp
+import ml_dtypes
+import numpy as np
+
+from hfr.ops import Op
+
+cnp.import_array()
+
+__all__ = ["reduce", "parallel_copy", "MIN_BYTES_PER_THREAD"]
+
+cdef enum:
+    SUM, MAX, MIN, PROD
+    TILE_BYTES = 8192
+    TILE_FLOATS = 2048  # TILE_BYTES of float32
+    BLOCK_ALIGN_BYTES = 64  # blocks start on cache lines, so threads never write one line together
+
+# Below this much memory traffic per thread, another thread costs more than it saves.
+MIN_BYTES_PER_THREAD = 256 * 1024
+
+_OPS = {Op.SUM: SUM, Op.MAX: MAX, Op.MIN: MIN, Op.PROD: PROD}
+
+
+ctypedef struct bf16_t:  # bfloat16: the top 16 bits of a float32
+    uint16_t bits
+
+ctypedef struct fp16_t:  # IEEE binary16
+    uint16_t bits
+
+ctypedef fused elem_t:  # types combined as they are
+    float
+    double
+    int8_t
+    uint8_t
+    int32_t
+    uint32_t
+    int64_t
+    uint64_t
+
+ctypedef fused half_t:
+    bf16_t
+    fp16_t
+
+ctypedef fused any_t:
+    float
+    double
+    int8_t
+    uint8_t
+    int32_t
+    uint32_t
+    int64_t
+    uint64_t
+    bf16_t
+    fp16_t
+
+
+# ---- combining two runs of elements --------------------------------------------------------------
+
+cdef void _combine(elem_t* dst, const elem_t* a, const elem_t* b, Py_ssize_t m, int op) noexcept nogil:
+    """dst[i] = a[i] op b[i]; dst may be a. max/min return a NaN of either side, like np.maximum."""
+    cdef Py_ssize_t i
+    if op == SUM:
+        for i in range(m):
+            dst[i] = a[i] + b[i]
+    elif op == PROD:
+        for i in range(m):
+            dst[i] = a[i] * b[i]
+    elif op == MAX:
+        for i in range(m):
+            dst[i] = a[i] if (a[i] > b[i]) | (a[i] != a[i]) else b[i]
+    else:
+        for i in range(m):
+            dst[i] = a[i] if (a[i] < b[i]) | (a[i] != a[i]) else b[i]
+
+
+# ---- float32 <-> half conversions (round to nearest even; NaN stays NaN) -------------------------
+
+cdef inline float _f32(uint32_t bits) noexcept nogil:
+    cdef float f
+    memcpy(&f, &bits, 4)
+    return f
+
+
+cdef inline uint32_t _bits(float f) noexcept nogil:
+    cdef uint32_t b
+    memcpy(&b, &f, 4)
+    return b
+
+
+cdef inline float _bf16_to_f32(uint16_t h) noexcept nogil:
+    return _f32(<uint32_t>h << 16)
+
+
+cdef inline uint16_t _f32_to_bf16(float f) noexcept nogil:
+    cdef uint32_t b = _bits(f)
+    cdef uint32_t rounded = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    cdef uint32_t quiet_nan = (b >> 16) | 0x40
+    return <uint16_t>(quiet_nan if (b & 0x7FFFFFFF) > 0x7F800000 else rounded)
+
+
+cdef inline float _fp16_to_f32(uint16_t h) noexcept nogil:
+    cdef uint32_t m = <uint32_t>(h & 0x7FFF) << 13  # exponent and mantissa, in float32 position
+    cdef uint32_t e = m & 0x0F800000
+    cdef uint32_t normal = m + (112 << 23)  # rebias the exponent: 127 - 15
+    cdef uint32_t inf_nan = m + (224 << 23)  # exponent 31 -> 255, mantissa (NaN payload) kept
+    # subnormal: m/2^24 computed exactly as (2^-14 + m/2^24) - 2^-14
+    cdef uint32_t subnormal = _bits(_f32(m + (113 << 23)) - _f32(113 << 23))
+    cdef uint32_t mag = inf_nan if e == 0x0F800000 else (subnormal if e == 0 else normal)
+    return _f32(mag | (<uint32_t>(h & 0x8000) << 16))
+
+
+cdef inline uint16_t _f32_to_fp16(float f) noexcept nogil:
+    cdef uint32_t b = _bits(f)
+    cdef uint32_t a = b & 0x7FFFFFFF
+    cdef uint32_t sign = (b >> 16) & 0x8000
+    cdef uint32_t big = 0x7E00 if a > 0x7F800000 else 0x7C00  # NaN -> quiet NaN; >= 2^16 -> inf
+    # below 2^-14: adding 0.5f rounds to a multiple of 2^-24, the subnormal step, in float32 RNE
+    cdef uint32_t subnormal = _bits(_f32(a) + 0.5) - _bits(0.5)
+    # normal: rebias, then round the 13 dropped bits to nearest even (a carry may make it inf)
+    cdef uint32_t normal = (a - (112 << 23) + 0xFFF + ((a >> 13) & 1)) >> 13
+    cdef uint32_t mag = big if a >= (143 << 23) else (subnormal if a < (113 << 23) else normal)
+    return <uint16_t>(mag | sign)
+
+
+cdef void _widen(float* dst, const half_t* src, Py_ssize_t m) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(m):
+        if half_t is bf16_t:
+            dst[i] = _bf16_to_f32(src[i].bits)
+        else:
+            dst[i] = _fp16_to_f32(src[i].bits)
+
+
+cdef void _narrow(half_t* dst, const float* src, Py_ssize_t m) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(m):
+        if half_t is bf16_t:
+            dst[i].bits = _f32_to_bf16(src[i])
+        else:
+            dst[i].bits = _f32_to_fp16(src[i])
+
+
+# ---- one block, then all blocks -----------------------------------------------------------------
+
+cdef void _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t hi, int op) noexcept nogil:
+    """out[lo:hi] = xs[0][lo:hi] op ... op xs[k-1][lo:hi], tile by tile."""
+    cdef Py_ssize_t start, m, j
+    cdef Py_ssize_t tile = TILE_FLOATS if any_t is bf16_t or any_t is fp16_t else TILE_BYTES // sizeof(any_t)
+    cdef float acc[TILE_FLOATS]
+    cdef float tmp[TILE_FLOATS]
+    if k == 1:
+        if out != xs[0]:
+            memcpy(out + lo, xs[0] + lo, (hi - lo) * sizeof(any_t))
+        return
+    start = lo
+    while start < hi:
+        m = min(tile, hi - start)
+        if any_t is bf16_t or any_t is fp16_t:
+            _widen(acc, xs[0] + start, m)
+            for j in range(1, k):
+                _widen(tmp, xs[j] + start, m)
+                _combine(acc, acc, tmp, m, op)
+            _narrow(out + start, acc, m)
+        else:
+            _combine(out + start, xs[0] + start, xs[1] + start, m, op)
+            for j in range(2, k):
+                _combine(out + start, out + start, xs[j] + start, m, op)
+        start += m
+
+
+cdef void _reduce(any_t* out, any_t** xs, int k, Py_ssize_t n, int op, int threads) noexcept nogil:
+    """Cut [0, n) into `threads` cache-line-aligned blocks, one per thread."""
+    cdef Py_ssize_t align = BLOCK_ALIGN_BYTES // sizeof(any_t)
+    cdef Py_ssize_t per = ((n + threads - 1) // threads + align - 1) // align * align
+    cdef Py_ssize_t t
+    if threads == 1:
+        _reduce_block(out, xs, k, 0, n, op)
+        return
+    for t in prange(threads, schedule="static", num_threads=threads):
+        if t * per < n:
+            _reduce_block(out, xs, k, t * per, min(t * per + per, n), op)
+
+
+# ---- Python entry points ------------------------------------------------------------------------
+
+cdef enum Kind:
+    F32, F64, I8, U8, I32, U32, I64, U64, BF16, FP16
+
+# dtype -> (kind for max and min, kind for sum and prod): signed sums run on the unsigned type.
+_KINDS = {
+    np.dtype(np.float32): (F32, F32),
+    np.dtype(np.float64): (F64, F64),
+    np.dtype(np.int8): (I8, U8),
+    np.dtype(np.uint8): (U8, U8),
+    np.dtype(np.int32): (I32, U32),
+    np.dtype(np.int64): (I64, U64),
+    np.dtype(ml_dtypes.bfloat16): (BF16, BF16),
+    np.dtype(np.float16): (FP16, FP16),
+}
+
+
+cdef void _dispatch(Kind kind, void* out, void** xs, int k, Py_ssize_t n, int op, int threads) noexcept nogil:
+    if kind == F32:
+        _reduce(<float*>out, <float**>xs, k, n, op, threads)
+    elif kind == F64:
+        _reduce(<double*>out, <double**>xs, k, n, op, threads)
+    elif kind == I8:
+        _reduce(<int8_t*>out, <int8_t**>xs, k, n, op, threads)
+    elif kind == U8:
+        _reduce(<uint8_t*>out, <uint8_t**>xs, k, n, op, threads)
+    elif kind == I32:
+        _reduce(<int32_t*>out, <int32_t**>xs, k, n, op, threads)
+    elif kind == U32:
+        _reduce(<uint32_t*>out, <uint32_t**>xs, k, n, op, threads)
+    elif kind == I64:
+        _reduce(<int64_t*>out, <int64_t**>xs, k, n, op, threads)
+    elif kind == U64:
+        _reduce(<uint64_t*>out, <uint64_t**>xs, k, n, op, threads)
+    elif kind == BF16:
+        _reduce(<bf16_t*>out, <bf16_t**>xs, k, n, op, threads)
+    else:
+        _reduce(<fp16_t*>out, <fp16_t**>xs, k, n, op, threads)
+
+
+def _threads_for(Py_ssize_t traffic_bytes, int threads) -> int:
+    """threads, cut down so that each thread moves at least MIN_BYTES_PER_THREAD."""
+    return max(1, min(threads, traffic_bytes // MIN_BYTES_PER_THREAD))
+
+
+def reduce(cnp.ndarray out, list inputs, op, int threads) -> None:
+    """out = inputs[0] op ... op inputs[-1]. Arguments are checked by hfr.kernels.check_arguments:
+    1-D C-contiguous arrays of one supported dtype and size; out is inputs[0] or overlaps none."""
+    cdef int k = len(inputs)
+    cdef Py_ssize_t n = out.shape[0]
+    cdef int code = _OPS[op]
+    cdef Kind kind = _KINDS[out.dtype][code == SUM or code == PROD]
+    cdef int nthreads = _threads_for((k + 1) * out.nbytes, threads)
+    cdef void** xs = <void**>malloc(k * sizeof(void*))
+    cdef int j
+    if xs == NULL:
+        raise MemoryError()
+    try:
+        for j in range(k):
+            xs[j] = cnp.PyArray_DATA(inputs[j])
+        with nogil:
+            _dispatch(kind, cnp.PyArray_DATA(out), xs, k, n, code, nthreads)
+    finally:
+        free(xs)
+
+
+def parallel_copy(cnp.ndarray dst, cnp.ndarray src, int threads) -> None:
+    """dst[:] = src with the same threading as reduce (for benchmarks): C-contiguous, equal nbytes."""
+    if not (dst.flags.c_contiguous and src.flags.c_contiguous) or dst.nbytes != src.nbytes:
+        raise ValueError("parallel_copy needs C-contiguous arrays of equal nbytes")
+    cdef uint8_t* s = <uint8_t*>cnp.PyArray_DATA(src)
+    cdef Py_ssize_t n = dst.nbytes
+    cdef int nthreads = _threads_for(2 * n, threads)
+    with nogil:
+        _reduce(<uint8_t*>cnp.PyArray_DATA(dst), &s, 1, n, SUM, nthreads)
