@@ -40,9 +40,16 @@ _LOADED: dict[str, Optional[ReduceFn]] = {"numpy": _reduce_numpy}
 
 
 def _load(backend: str) -> Optional[ReduceFn]:
-    """The backend's reduce function, or None when it cannot be imported here."""
+    """The backend's reduce function, or None when it cannot be imported here (imported once, lazily)."""
     if backend not in _LOADED:
-        _LOADED[backend] = None
+        try:
+            if backend == "cython":
+                from . import _kernels as module
+            else:
+                from . import _numba_kernels as module
+        except ImportError:
+            module = None
+        _LOADED[backend] = module.reduce if module is not None else None
     return _LOADED[backend]
 
 

@@ -1,0 +1,134 @@
+"""The Numba reduce kernel: the same algorithm, tiles and bits as hfr/_kernels.pyx, for when it is not built.
+
+Terms (as in _kernels.pyx): k inputs x0..x(k-1); a block is the contiguous run of elements one thread
+owns; a tile is TILE elements of a block, folded over all k inputs while it stays in L1, so each input is
+read once and out written once. float16 and bfloat16 arrive viewed as uint16 and are widened to float32
+tile by tile (Numba has no float16 on the CPU), combined in float32 and rounded once, to nearest even.
+Numba's integer arithmetic wraps, as NumPy's does.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import ml_dtypes
+import numba
+import numpy as np
+from numba import njit, prange
+from numba.typed import List
+
+from .ops import Op
+
+__all__ = ["reduce"]
+
+SUM, MAX, MIN, PROD = 0, 1, 2, 3
+_OPS = {Op.SUM: SUM, Op.MAX: MAX, Op.MIN: MIN, Op.PROD: PROD}
+TILE = 2048
+BLOCK_ALIGN = 64  # elements: blocks start on cache lines
+MIN_BYTES_PER_THREAD = 256 * 1024
+_HALF_KINDS = {np.dtype(ml_dtypes.bfloat16): True, np.dtype(np.float16): False}  # dtype -> is bfloat16
+SUBNORMAL_STEP = np.float32(2.0**-24)  # the float16 subnormal step
+
+
+@njit(cache=True, inline="always")
+def _combine(dst, a, b, op):
+    """dst[i] = a[i] op b[i]; dst may be a. max/min return a NaN of either side, like np.maximum."""
+    if op == SUM:
+        for i in range(dst.size):
+            dst[i] = a[i] + b[i]
+    elif op == PROD:
+        for i in range(dst.size):
+            dst[i] = a[i] * b[i]
+    elif op == MAX:
+        for i in range(dst.size):
+            dst[i] = a[i] if (a[i] > b[i]) | (a[i] != a[i]) else b[i]
+    else:
+        for i in range(dst.size):
+            dst[i] = a[i] if (a[i] < b[i]) | (a[i] != a[i]) else b[i]
+
+
+@njit(cache=True, inline="always")
+def _block(t, nthreads, n):
+    """[lo, hi) of thread t's block."""
+    per = ((n + nthreads - 1) // nthreads + BLOCK_ALIGN - 1) // BLOCK_ALIGN * BLOCK_ALIGN
+    return min(t * per, n), min(t * per + per, n)
+
+
+@njit(cache=True, parallel=True)
+def _reduce_plain(out, xs, op, nthreads):
+    for t in prange(nthreads):
+        lo, hi = _block(t, nthreads, out.size)
+        for start in range(lo, hi, TILE):
+            stop = min(start + TILE, hi)
+            dst, x0 = out[start:stop], xs[0][start:stop]
+            for i in range(dst.size):  # a loop, not dst[:] = x0, as out may be xs[0]
+                dst[i] = x0[i]
+            for j in range(1, len(xs)):
+                _combine(dst, dst, xs[j][start:stop], op)
+
+
+@njit(cache=True, inline="always")
+def _widen(dst_bits, dst, h, is_bf16):
+    """dst (float32, a view of the uint32 dst_bits) = the half bits h, exactly."""
+    if is_bf16:
+        for i in range(h.size):
+            dst_bits[i] = np.uint32(h[i]) << 16
+        return
+    for i in range(h.size):
+        m = np.uint32(h[i] & 0x7FFF) << 13  # exponent and mantissa, in float32 position
+        e = m & 0x0F800000
+        mag = m + (224 << 23) if e == 0x0F800000 else m + (112 << 23)  # inf/NaN keep the payload
+        dst_bits[i] = mag | (np.uint32(h[i] & 0x8000) << 16)
+    for i in range(h.size):  # subnormals and zeros: mantissa * 2^-24, with the sign
+        if h[i] & 0x7C00 == 0:
+            dst[i] = np.float32(h[i] & 0x3FF) * (-SUBNORMAL_STEP if h[i] & 0x8000 else SUBNORMAL_STEP)
+
+
+@njit(cache=True, inline="always")
+def _narrow(h, src_bits, src, tmp_bits, tmp, is_bf16):
+    """h = the float32 values src (a view of src_bits) rounded to nearest even; NaN stays NaN."""
+    if is_bf16:
+        for i in range(h.size):
+            b = src_bits[i]
+            rounded = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+            h[i] = (b >> 16) | 0x40 if (b & 0x7FFFFFFF) > 0x7F800000 else rounded
+        return
+    for i in range(h.size):  # below 2^-14 adding 0.5 rounds to a multiple of 2^-24, the subnormal step
+        tmp[i] = np.abs(src[i]) + np.float32(0.5)
+    for i in range(h.size):
+        a = src_bits[i] & 0x7FFFFFFF
+        big = 0x7E00 if a > 0x7F800000 else 0x7C00  # NaN -> quiet NaN; >= 2^16 -> inf
+        subnormal = tmp_bits[i] - 0x3F000000
+        normal = (a - (112 << 23) + 0xFFF + ((a >> 13) & 1)) >> 13
+        mag = big if a >= (143 << 23) else (subnormal if a < (113 << 23) else normal)
+        h[i] = mag | ((src_bits[i] >> 16) & 0x8000)
+
+
+@njit(cache=True, parallel=True)
+def _reduce_half(out, xs, op, is_bf16, nthreads):
+    k = len(xs)
+    for t in prange(nthreads):
+        lo, hi = _block(t, nthreads, out.size)
+        acc_bits = np.empty(TILE, np.uint32)
+        tmp_bits = np.empty(TILE, np.uint32)
+        for start in range(lo, hi, TILE):
+            stop = min(start + TILE, hi)
+            m = stop - start
+            acc_b, tmp_b = acc_bits[:m], tmp_bits[:m]
+            acc, tmp = acc_b.view(np.float32), tmp_b.view(np.float32)
+            _widen(acc_b, acc, xs[0][start:stop], is_bf16)
+            for j in range(1, k):
+                _widen(tmp_b, tmp, xs[j][start:stop], is_bf16)
+                _combine(acc, acc, tmp, op)
+            _narrow(out[start:stop], acc_b, acc, tmp_b, tmp, is_bf16)
+
+
+def reduce(out: np.ndarray, inputs: Sequence[np.ndarray], op: Op, threads: int) -> None:
+    """out = inputs[0] op ... op inputs[-1], for arguments checked by hfr.kernels.check_arguments."""
+    nthreads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS, (len(inputs) + 1) * out.nbytes // MIN_BYTES_PER_THREAD))
+    numba.set_num_threads(nthreads)
+    code = _OPS[op]
+    if out.dtype in _HALF_KINDS:
+        xs = List([x.view(np.uint16) for x in inputs])
+        _reduce_half(out.view(np.uint16), xs, code, _HALF_KINDS[out.dtype], nthreads)
+    else:
+        _reduce_plain(out, List(inputs), code, nthreads)
