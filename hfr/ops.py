@@ -32,13 +32,11 @@ _OP_CODES = {op: code for code, op in enumerate(Op)}
 _HALF_TYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
-def _mpi_ops() -> dict:
-    """MPI.SUM-style objects, by name; empty when mpi4py is not importable."""
-    try:
-        from mpi4py import MPI
-    except ImportError:  # pragma: no cover - mpi4py is a dependency
-        return {}
-    return {MPI.SUM: Op.SUM, MPI.MAX: Op.MAX, MPI.MIN: Op.MIN, MPI.PROD: Op.PROD}
+def _mpi_ops() -> list:
+    """(MPI op, Op) pairs for MPI.SUM-style objects (MPI ops are not hashable)."""
+    from mpi4py import MPI
+
+    return [(MPI.SUM, Op.SUM), (MPI.MAX, Op.MAX), (MPI.MIN, Op.MIN), (MPI.PROD, Op.PROD)]
 
 
 def as_op(op: OpLike) -> Op:
@@ -50,7 +48,7 @@ def as_op(op: OpLike) -> Op:
             return Op(op.lower())
         except ValueError:
             raise ValueError(f"unknown op {op!r}: expected one of {[o.value for o in Op]}") from None
-    for mpi_op, ours in _mpi_ops().items():
+    for mpi_op, ours in _mpi_ops():
         if op == mpi_op:
             return ours
     raise ValueError(f"unknown op {op!r}: expected one of {[o.value for o in Op]}, an hfr.Op or MPI.SUM/MAX/MIN/PROD")

@@ -1,0 +1,136 @@
+"""Faults: bad input (in this process), mismatched calls, timeouts, a killed peer and leaks (under
+mpiexec). Every one must end in a clear exception, never a hang or a silently wrong array."""
+import os
+import subprocess
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import hfr
+
+from .mpirun import run_mpi
+
+
+@pytest.fixture(scope="module")
+def comm():
+    from mpi4py import MPI
+
+    with hfr.Communicator(MPI.COMM_SELF) as c:
+        yield c
+
+
+def poisoned(n=10, dtype=np.float32):
+    return (np.arange(n) * 3 + 1).astype(dtype)
+
+
+BAD_INPUT = [
+    (lambda c, x: c.allreduce([1.0, 2.0]), TypeError, "numpy.ndarray or cupy.ndarray"),
+    (lambda c, x: c.allreduce(np.ones((4, 4), np.float32)[:, ::2]), ValueError, "not C-contiguous"),
+    (lambda c, x: c.allreduce(np.ones(4, np.complex64)), TypeError, "unsupported dtype complex64"),
+    (lambda c, x: c.allreduce(np.ones(4, bool)), TypeError, "unsupported dtype bool"),
+    (lambda c, x: c.allreduce(np.ones(4, object)), TypeError, "unsupported dtype object"),
+    (lambda c, x: c.allreduce(np.ones(4, np.int32), op="avg"), TypeError, "avg"),
+    (lambda c, x: c.allreduce(x, op="mean"), ValueError, "unknown op 'mean'"),
+    (lambda c, x: c.allreduce(x, op=17), ValueError, "unknown op 17"),
+    (lambda c, x: c.allreduce(x, out=np.empty(11, np.float32)), ValueError, "out has shape"),
+    (lambda c, x: c.allreduce(x, out=np.empty(10, np.float64)), TypeError, "out has dtype float64"),
+    (lambda c, x: c.allreduce(x, out=x[::2]), ValueError, "not C-contiguous"),
+    (lambda c, x: c.reduce(x, root=1), ValueError, "root 1 is out of range"),
+    (lambda c, x: c.reduce(x, root=-1), ValueError, "root -1 is out of range"),
+    (lambda c, x: c.broadcast(x, root="0"), ValueError, "root '0' is out of range"),
+]
+
+
+@pytest.mark.parametrize("call,error,message", BAD_INPUT, ids=[m for _, _, m in BAD_INPUT])
+def test_bad_input_is_named_and_changes_nothing(comm, call, error, message):
+    x = poisoned()
+    before = x.copy()
+    with pytest.raises(error, match=message.replace("(", r"\(")):
+        call(comm, x)
+    assert np.array_equal(x, before)
+
+
+def test_read_only_in_place_is_refused_but_out_of_place_works(comm):
+    x = poisoned()
+    x.flags.writeable = False
+    with pytest.raises(ValueError, match="x is read-only"):
+        comm.allreduce(x)
+    out = np.full(10, -1, np.float32)
+    assert comm.allreduce(x, out=out) is out and np.array_equal(out, x)
+
+
+def test_partly_overlapping_out_is_refused(comm):
+    buf = poisoned(20)
+    before = buf.copy()
+    with pytest.raises(ValueError, match="partly overlaps"):
+        comm.allreduce(buf[:10], out=buf[5:15])
+    assert np.array_equal(buf, before)
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (2, 3, 4)])
+def test_zero_size_and_nd_arrays_work(comm, shape):
+    x = np.ones(shape, ml_dtypes.bfloat16)
+    assert comm.allreduce(x) is x
+
+
+def test_closed_communicator_refuses_calls():
+    from mpi4py import MPI
+
+    c = hfr.Communicator(MPI.COMM_SELF)
+    c.close()
+    c.close()
+    with pytest.raises(hfr.HFRError, match="closed"):
+        c.allreduce(poisoned())
+
+
+def test_bad_settings_are_named(monkeypatch):
+    from mpi4py import MPI
+
+    with pytest.raises(ValueError, match="chunk_bytes=1000"):
+        hfr.Communicator(MPI.COMM_SELF, chunk_bytes=1000)
+    with pytest.raises(ValueError, match="timeout=-1"):
+        hfr.Communicator(MPI.COMM_SELF, timeout=-1)
+    with pytest.raises(ValueError, match="local_size must be a positive integer"):
+        hfr.Communicator(MPI.COMM_SELF, local_size=0)
+    monkeypatch.setenv("HFR_LOCAL_SIZE", "two")
+    with pytest.raises(ValueError, match="HFR_LOCAL_SIZE='two'"):
+        hfr.Communicator(MPI.COMM_SELF)
+    with pytest.raises(TypeError, match="intra-communicator"):
+        hfr.Communicator("COMM_WORLD")
+
+
+@pytest.mark.parametrize("local_size", [None, 1])
+def test_mismatched_calls_raise_on_every_rank_and_the_next_call_works(local_size):
+    env = {"HFR_LOCAL_SIZE": str(local_size)} if local_size else {}
+    assert "mismatch ok" in run_mpi(3, "faults_worker.py", "mismatch", env=env).stdout
+
+
+@pytest.mark.parametrize("local_size", [None, 1])
+def test_a_peer_that_never_calls_times_out(local_size):
+    env = {"FAULT_TIMEOUT": "3", **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
+    out = run_mpi(3, "faults_worker.py", "timeout", env=env, timeout=60).stdout
+    assert out.count("timed out as it should") == 2
+
+
+def test_wait_with_a_timeout_leaves_the_call_running():
+    assert "slow ok" in run_mpi(3, "faults_worker.py", "slow").stdout
+
+
+def test_a_killed_peer_ends_the_job_and_leaves_no_hfr_segment():
+    before = set(os.listdir("/dev/shm"))
+    start = time.monotonic()
+    result = run_mpi(3, "faults_worker.py", "sigkill", timeout=60, check=False)
+    assert result.returncode != 0, result.stdout
+    assert time.monotonic() - start < 30
+    leftovers = set(os.listdir("/dev/shm")) - before
+    # MPICH's own transport segment (mpich_shm_*) outlives a SIGKILL; hfr's window is unlinked at once.
+    assert not {f for f in leftovers if not f.startswith("mpich_shm_")}, leftovers
+    stray = subprocess.run(["pgrep", "-f", "faults_worker.py sigkill"], capture_output=True, text=True).stdout
+    assert not stray.strip(), f"processes left behind: {stray}"
+
+
+@pytest.mark.slow
+def test_ten_thousand_calls_leave_memory_fds_and_shm_flat():
+    assert "flat after 10000 calls" in run_mpi(2, "leak_worker.py", "10000", timeout=300).stdout

@@ -1,0 +1,132 @@
+"""Checks hfr's allreduce, reduce and broadcast on every rank of the job it runs in.
+
+argv[1]: a JSON object of settings: sizes, dtypes, ops, chunk_bytes (list, compared bitwise),
+local_size (or null), collectives. Each rank builds its input from (seed, rank), every rank gathers
+every input and computes the expected result itself: bitwise for one node (slot order is rank order),
+within a float tolerance across nodes (tree order), exact for integers and for max/min.
+"""
+import json
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import hfr
+from hfr.engine import divide
+from hfr.kernels import reduce_into
+from hfr.ops import DTYPES, Op, accumulation_dtype
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+cfg = json.loads(sys.argv[1])
+dtypes = [d for d in DTYPES if d.name in cfg.get("dtypes", [d.name for d in DTYPES])]
+ops = [Op(o) for o in cfg.get("ops", [o.value for o in Op])]
+sizes = cfg.get("sizes", [0, 1, 7, 100003])
+collectives = cfg.get("collectives", ["allreduce", "reduce", "broadcast"])
+comms = [hfr.Communicator(world, local_size=cfg.get("local_size"), chunk_bytes=c) for c in cfg.get("chunk_bytes", [None])]
+POISON = 0x5A
+
+
+def make_input(dtype, op, count, seed):
+    rng = np.random.default_rng([seed, rank])
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, count, dtype=dtype, endpoint=True)
+    if op is Op.PROD:
+        values = rng.uniform(0.5, 1.5, count)
+    else:
+        values = rng.standard_normal(count) * 4
+    if count > 3:
+        values[count // 3] = np.nan if op in (Op.MAX, Op.MIN) and rank == size - 1 else values[count // 3]
+    return values.astype(dtype)
+
+
+def expected(inputs, op, dtype):
+    """The slot-order result (exact for one node) and a float64 one for the tolerance check."""
+    exact = np.empty_like(inputs[0])
+    reduce_into(exact, inputs, Op.SUM if op is Op.AVG else op, backend="numpy")
+    if op is Op.AVG:
+        divide(exact, size)
+    return exact
+
+
+def check_close(got, want, inputs, op, dtype, what):
+    if dtype.kind in "iu" or op in (Op.MAX, Op.MIN):
+        assert np.array_equal(got, want, equal_nan=True), f"{what}: differs from the reference"
+        return
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    scale = np.sum([np.abs(x.astype(np.float64)) for x in inputs], axis=0) if op is not Op.PROD else np.abs(w)
+    if op is Op.AVG:
+        scale = scale / size
+    eps = float(np.finfo(accumulation_dtype(dtype) if dtype.itemsize == 2 else dtype).eps)
+    # The half types round their node's sum once, then every tree step once.
+    half_eps = 2.0 ** -8 if dtype.name == "bfloat16" else 2.0 ** -11 if dtype.itemsize == 2 else 0.0
+    bound = (4 * size * eps + (2 + np.log2(size + 1)) * half_eps) * scale + 1e-30
+    bad = ~(np.abs(g - w) <= bound)
+    assert not bad.any(), f"{what}: {bad.sum()} elements off, e.g. got {g[bad][:3]} want {w[bad][:3]}"
+
+
+def same_on_every_rank(a, what):
+    digests = world.allgather(a.tobytes())
+    assert all(d == digests[0] for d in digests), f"{what}: ranks got different bits"
+
+
+seed = 0
+for collective in collectives:
+    for dtype in dtypes:
+        for op in ops if collective != "broadcast" else [Op.SUM]:
+            if op is Op.AVG and dtype.kind in "iu":
+                continue
+            for count in sizes:
+                seed += 1
+                x = make_input(dtype, op, count, seed)
+                inputs = world.allgather(x)
+                root = seed % size
+                want = expected(inputs, op, dtype) if collective != "broadcast" else inputs[root]
+                results = []
+                for comm in comms:
+                    what = f"{collective} {dtype} {op.value} n={count} root={root} chunk={comm.chunk_bytes} layout={comm}"
+                    receives = collective == "allreduce" or (collective == "reduce") == (rank == root)
+                    # out of place: x untouched, out poisoned before
+                    out = np.full(x.nbytes, POISON, np.uint8).view(dtype).reshape(x.shape)
+                    x_before = x.copy()
+                    if collective == "broadcast":
+                        got = x.copy()
+                        comm.broadcast(got, root=root)
+                    elif collective == "reduce":
+                        got = comm.reduce(x, root=root, op=op, out=out)
+                    else:
+                        got = comm.allreduce(x, op=op, out=out)
+                    assert np.array_equal(x.view(np.uint8), x_before.view(np.uint8)), f"{what}: x was modified"
+                    if not receives:
+                        assert np.all(out.view(np.uint8) == POISON), f"{what}: a non-root's out was written"
+                        continue
+                    if comm.nnodes == 1 or collective == "broadcast":
+                        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), f"{what}: not bitwise the slot-order result"
+                    else:
+                        check_close(got, want, inputs, op, dtype, what)
+                    results.append(got)
+                # In place gives the same bits as out of place.
+                if collective == "allreduce":
+                    inplace = x.copy()
+                    assert comms[-1].allreduce(inplace, op=op) is inplace
+                    assert np.array_equal(inplace.view(np.uint8), results[-1].view(np.uint8)), f"{what}: in place differs"
+                for r in results[1:]:
+                    assert np.array_equal(r.view(np.uint8), results[0].view(np.uint8)), f"{what}: depends on chunk_bytes"
+                if collective == "allreduce":
+                    same_on_every_rank(results[0], what)
+
+# Several async calls in flight complete in order, with their own results.
+comm = comms[0]
+xs = [make_input(np.dtype(np.float32), Op.SUM, 50000 + i, 1000 + i) for i in range(4)]
+refs = [expected(world.allgather(x), Op.SUM, x.dtype) for x in xs]
+works = [comm.allreduce_async(x) for x in xs]
+for w, x, ref in zip(works, xs, refs):
+    assert w.wait(timeout=120) is x
+    assert w.done()
+    if comm.nnodes == 1:
+        assert np.array_equal(x, ref)
+for comm in comms:
+    comm.close()
+if rank == 0:
+    print(f"collectives ok on {size} ranks, local_size {cfg.get('local_size')}")
