@@ -1,0 +1,237 @@
+"""Every kernel backend against the in-order NumPy reference, bit for bit; bad arguments leave out untouched."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hfr import kernels
+from hfr.kernels import _reduce_numpy, available_backends, reduce_into
+from hfr.ops import DTYPES, Op
+
+# the reference warns where values overflow or meet NaN; that is what these tests feed it
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+OPS = [Op.SUM, Op.MAX, Op.MIN, Op.PROD]
+CPUS = os.cpu_count() or 1
+
+
+def backend_param(name: str) -> str:
+    if kernels._load(name) is None:
+        pytest.skip(f"kernel backend {name} is not available (extension not built or numba missing)")
+    return name
+
+
+@pytest.fixture(params=kernels.BACKENDS)
+def backend(request) -> str:
+    return backend_param(request.param)
+
+
+def random_array(dtype: np.dtype, n: int, rng: np.random.Generator, specials: bool = True) -> np.ndarray:
+    """Random values of dtype; floats get a sprinkle of NaN, +-inf and +-0 when specials."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+    a = (rng.standard_normal(n) * rng.choice([1e-6, 1.0, 1e3], n)).astype(dtype)
+    if specials and n > 0:
+        where = rng.integers(0, n, max(1, n // 100))
+        a[where] = rng.choice(np.array([np.nan, np.inf, -np.inf, 0.0, -0.0]), where.size).astype(dtype)
+    return a
+
+
+def poisoned(dtype: np.dtype, n: int, rng: np.random.Generator) -> np.ndarray:
+    return np.frombuffer(rng.bytes(n * np.dtype(dtype).itemsize), dtype).copy()
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    """Equal bits, except that any NaN matches any NaN (payloads are the hardware's business)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.dtype.kind == "f" or got.dtype == ml_dtypes.bfloat16:
+        nan_got, nan_want = np.isnan(got), np.isnan(want)
+        np.testing.assert_array_equal(nan_got, nan_want, err_msg="NaN in different places")
+        got, want = got[~nan_got], want[~nan_want]
+    bits = np.dtype(f"u{got.dtype.itemsize}")
+    bad = np.flatnonzero(got.view(bits) != want.view(bits))
+    assert bad.size == 0, f"{bad.size} elements differ, first at {bad[0]}: got {got[bad[0]]!r}, want {want[bad[0]]!r}"
+
+
+def reference(inputs: list[np.ndarray], op: Op) -> np.ndarray:
+    want = np.empty_like(inputs[0])
+    _reduce_numpy(want, inputs, op, 1)
+    return want
+
+
+def check(backend: str, inputs: list[np.ndarray], op: Op, threads: int, rng, alias: bool = False) -> None:
+    want = reference(inputs, op)
+    if alias:
+        out = inputs[0]
+    else:
+        out = poisoned(inputs[0].dtype, inputs[0].size, rng)
+    assert reduce_into(out, inputs, op, backend=backend, threads=threads) is out
+    assert_same_bits(out, want)
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.value)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matches_reference(backend, dtype, op):
+    rng = np.random.default_rng([DTYPES.index(dtype), OPS.index(op)])
+    for n in (0, 1, 7, 100003):
+        for k in (1, 2, 3, 8):
+            check(backend, [random_array(dtype, n, rng) for _ in range(k)], op, CPUS, rng)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_out_is_inputs0_and_unaligned_views(backend, dtype):
+    rng = np.random.default_rng(1)
+    for k in (1, 2, 5):
+        check(backend, [random_array(dtype, 100003, rng) for _ in range(k)], Op.SUM, CPUS, rng, alias=True)
+        # a[1:] starts one element in; a view of bytes at offset 1 is not even aligned to the itemsize
+        check(backend, [random_array(dtype, 100004, rng)[1:] for _ in range(k)], Op.MAX, CPUS, rng)
+        n, size = 70001, np.dtype(dtype).itemsize
+        odd = [np.frombuffer(rng.bytes(n * size + 1), np.uint8)[1:].view(dtype).copy() for _ in range(k)]
+        raw = [np.empty(n * size + 1, np.uint8)[1:].view(dtype) for _ in range(k)]
+        for r, o in zip(raw, odd):
+            r[...] = o
+        check(backend, raw, Op.SUM, CPUS, rng, alias=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.int64], ids=str)
+def test_every_thread_count(backend, dtype):
+    rng = np.random.default_rng(2)
+    inputs = [random_array(dtype, 300007, rng) for _ in range(3)]
+    for threads in [*range(1, CPUS + 1), CPUS + 1, 7]:
+        check(backend, inputs, Op.SUM, threads, rng)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ml_dtypes.bfloat16], ids=str)
+def test_nan_and_inf_propagate(backend, dtype):
+    nan, inf = np.nan, np.inf
+    cols = [(1, nan, 2), (nan, 1, 2), (1, 2, nan), (inf, -inf, 1), (inf, 1, 2), (-inf, nan, 1), (0.0, -0.0, -0.0)]
+    inputs = [np.array(c, dtype) for c in zip(*cols)]
+    for op in OPS:
+        out = np.full(len(cols), 7, dtype)
+        reduce_into(out, inputs, op, backend=backend, threads=1)
+        assert_same_bits(out, reference(inputs, op))
+        assert np.isnan(out[:3]).all(), f"{op.value} lost a NaN: {out}"
+
+
+def test_integers_wrap(backend):
+    cases = [
+        (np.int8, [127, 1], Op.SUM, -128), (np.uint8, [255, 1], Op.SUM, 0), (np.int8, [-128, -1], Op.SUM, 127),
+        (np.int32, [2**31 - 1, 1], Op.SUM, -(2**31)), (np.int64, [2**63 - 1, 2], Op.SUM, -(2**63) + 1),
+        (np.int64, [2**62, 4], Op.PROD, 0), (np.int8, [16, 16], Op.PROD, 0), (np.uint8, [255, 255], Op.PROD, 1),
+        (np.int32, [-(2**31), -1], Op.PROD, -(2**31)), (np.int8, [-128, 127], Op.MAX, 127),
+    ]
+    for dtype, values, op, want in cases:
+        inputs = [np.full(1000, v, dtype) for v in values]
+        out = np.zeros(1000, dtype)
+        reduce_into(out, inputs, op, backend=backend, threads=1)
+        assert (out == np.array(want, dtype)).all(), (np.dtype(dtype), values, op, out[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=str)
+def test_half_conversions_every_bit_pattern(backend, dtype):
+    """k=1 round-trips all 65536 patterns; sums and products of them hit every rounding case."""
+    rng = np.random.default_rng(3)
+    every = np.arange(2**16, dtype=np.uint16).view(dtype)
+    check(backend, [every], Op.SUM, CPUS, rng)
+    for op in (Op.SUM, Op.PROD):
+        for _ in range(3):
+            check(backend, [every, rng.permutation(every)], op, CPUS, rng)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    backend_name=st.sampled_from(kernels.BACKENDS),
+    dtype=st.sampled_from(DTYPES),
+    op=st.sampled_from(OPS),
+    n=st.integers(0, 3000),
+    k=st.integers(1, 9),
+    offset=st.integers(0, 3),
+    threads=st.integers(1, CPUS + 1),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_random_shapes(backend_name, dtype, op, n, k, offset, threads, seed):
+    if kernels._load(backend_name) is None:
+        return
+    rng = np.random.default_rng(seed)
+    inputs = [random_array(dtype, n + offset, rng)[offset:] for _ in range(k)]
+    check(backend_name, inputs, op, threads, rng, alias=bool(seed & 1))
+
+
+def bad_calls(dtype=np.float32, n=1000):
+    """(name, out, inputs, op, message fragment): each call must fail without touching out."""
+    rng = np.random.default_rng(4)
+    x = lambda: random_array(dtype, n, rng)  # noqa: E731
+    read_only = x()
+    read_only.flags.writeable = False
+    shared = x()
+    buf = random_array(dtype, 2 * n, rng)
+    return [
+        ("size", x(), [x(), random_array(dtype, n + 1, rng)], "sum", "elements"),
+        ("dtype", x(), [x(), x().astype(np.float64)], "sum", "dtype"),
+        ("complex", np.zeros(n, np.complex64), [np.zeros(n, np.complex64)], "sum", "unsupported dtype"),
+        ("bool", np.zeros(n, bool), [np.zeros(n, bool)], "sum", "unsupported dtype"),
+        ("read-only", read_only, [x()], "sum", "read-only"),
+        ("non-contiguous out", buf[::2], [x()], "sum", "not C-contiguous"),
+        ("non-contiguous input", x(), [x(), buf[::2]], "sum", "not C-contiguous"),
+        ("empty", x(), [], "sum", "empty"),
+        ("not a sequence", x(), x(), "sum", "sequence"),
+        ("out is inputs[1]", shared, [x(), shared], "sum", "overlaps inputs[1]"),
+        ("out overlaps inputs[1]", buf[:n], [x(), buf[n // 2:n // 2 + n]], "sum", "overlaps inputs[1]"),
+        ("out partly overlaps inputs[0]", buf[:n], [buf[1:n + 1]], "sum", "partly overlaps"),
+        ("op", x(), [x()], "xor", "unknown op"),
+        ("avg", x(), [x()], "avg", "not a kernel op"),
+        ("list", [1.0] * n, [x()], "sum", "numpy.ndarray"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(bad_calls())), ids=[c[0] for c in bad_calls()])
+def test_bad_arguments_leave_out_untouched(backend, case):
+    name, out, inputs, op, fragment = bad_calls()[case]
+    before = np.array(out, copy=True)
+    with pytest.raises((TypeError, ValueError), match=re.escape(fragment)):
+        reduce_into(out, inputs, op, backend=backend)
+    np.testing.assert_array_equal(np.asarray(out), before)
+
+
+def test_bad_backend_and_threads():
+    x = np.ones(10, np.float32)
+    with pytest.raises(ValueError, match="unknown kernel backend 'fortran'"):
+        reduce_into(x, [x], backend="fortran")
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        reduce_into(x, [x], threads=0)
+
+
+def test_backend_choice(monkeypatch):
+    backends = available_backends()
+    assert backends[-1] == "numpy" and backends == [b for b in kernels.BACKENDS if b in backends]
+    x = np.arange(10, dtype=np.float32)
+    monkeypatch.setenv("HFR_KERNEL", "numpy")
+    monkeypatch.setitem(kernels._LOADED, "numpy", lambda out, inputs, op, threads: out.fill(42))
+    assert (reduce_into(np.empty_like(x), [x, x]) == 42).all()
+
+
+def test_works_without_the_extension():
+    """Pure-Python first: with hfr._kernels unimportable, import hfr and reduce_into still work."""
+    code = (
+        "import sys; sys.modules['hfr._kernels'] = None\n"
+        "import numpy as np, hfr\n"
+        "from hfr.kernels import available_backends, reduce_into\n"
+        "assert 'cython' not in available_backends(), available_backends()\n"
+        "x = np.arange(5, dtype=np.float32)\n"
+        "assert (reduce_into(np.empty_like(x), [x, x, x]) == 3 * x).all()\n"
+        "print(available_backends()[0])\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() in ("numba", "numpy")
