@@ -1,7 +1,9 @@
-"""The arrays hfr accepts, checked up front: NumPy on the host, CuPy on a GPU.
+"""The arrays hfr accepts, checked up front: NumPy on the host, CuPy on a GPU, and PyTorch tensors on
+either (imported zero-copy through DLPack; torch itself is imported only when a tensor is passed).
 
-`inspect` turns a user's array into an Array: its kind, device, dtype, element count and a flat
-view, or raises TypeError/ValueError naming what is wrong, before anything is modified.
+`inspect` turns a user's array into an Array: its library, where its memory is, device, dtype,
+element count, a flat view and the stream its pending GPU work is queued on, or raises
+TypeError/ValueError naming what is wrong, before anything is modified.
 """
 from __future__ import annotations
 
@@ -11,21 +13,24 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .ops import as_dtype
+from .ops import DTYPES, as_dtype
 
 __all__ = ["Array", "inspect", "check_out"]
 
 
 @dataclass(frozen=True)
 class Array:
-    """A checked array: `flat` is a 1-D view of the same memory (numpy.ndarray or cupy.ndarray)."""
+    """A checked array: `flat` is a 1-D view of the same memory, a numpy.ndarray when kind is "numpy",
+    a cupy.ndarray when kind is "cupy" (a bfloat16 tensor on a GPU is viewed as its int16 bits there)."""
 
     obj: Any  # what the user passed, returned to them as the result
     flat: Any
-    kind: str  # "numpy" or "cupy"
-    device: Optional[int]  # CUDA device of a cupy array, None on the host
+    kind: str  # where the memory is and how hfr copies it: "numpy" (host) or "cupy" (CUDA device)
+    device: Optional[int]  # CUDA device, None on the host
     dtype: np.dtype
     shape: tuple
+    library: str = "numpy"  # what the user passed: "numpy", "cupy" or "torch"
+    stream: Any = None  # CUDA arrays: the cupy stream (or ExternalStream) the caller's work is queued on
 
     @property
     def size(self) -> int:
@@ -39,34 +44,80 @@ class Array:
     def address(self) -> int:
         return self.flat.ctypes.data if self.kind == "numpy" else self.flat.data.ptr
 
+    def describe(self) -> str:
+        where = "" if self.device is None else f" on CUDA device {self.device}"
+        return f"{self.library} {'tensor' if self.library == 'torch' else 'array'}{where}"
+
 
 def _is_cupy(x: Any) -> bool:
     cupy = sys.modules.get("cupy")
     return cupy is not None and isinstance(x, cupy.ndarray)
 
 
+def _is_torch(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
     """x as an Array, or TypeError/ValueError naming the problem."""
+    if _is_torch(x):
+        return _inspect_tensor(x, name, writable)
     if isinstance(x, np.ndarray):
-        kind, device = "numpy", None
+        kind, device, stream = "numpy", None, None
         if writable and not x.flags.writeable:
             raise ValueError(f"{name} is read-only: it cannot receive the result (pass out=)")
     elif _is_cupy(x):
-        kind, device = "cupy", x.device.id
+        import cupy
+
+        kind, device, stream = "cupy", x.device.id, cupy.cuda.get_current_stream()
     else:
-        raise TypeError(f"{name} must be a numpy.ndarray or cupy.ndarray, got {type(x).__name__}")
+        raise TypeError(f"{name} must be a numpy.ndarray, cupy.ndarray or torch.Tensor, got {type(x).__name__}")
     if not x.flags.c_contiguous:
         raise ValueError(f"{name} is not C-contiguous (shape {x.shape}, strides {x.strides})")
     dtype = as_dtype(x.dtype)
-    return Array(x, x.reshape(-1), kind, device, dtype, tuple(x.shape))
+    return Array(x, x.reshape(-1), kind, device, dtype, tuple(x.shape), kind, stream)
+
+
+def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
+    """A torch tensor, on the CPU or a CUDA device, viewed through DLPack.
+
+    Writing into a tensor that requires grad is refused while grad mode is on, as torch refuses
+    in-place ops on leaves: reduce under torch.no_grad(), or reduce t.detach() or t.grad. The write
+    bumps the tensor's version counter, as torch's in-place ops do."""
+    import torch
+
+    if t.layout != torch.strided or t.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"{name} must be a dense CPU or CUDA tensor, got a {t.layout} tensor on {t.device}")
+    dtypes = {getattr(torch, d.name): d for d in DTYPES}  # torch names its dtypes as NumPy does
+    if t.dtype not in dtypes:
+        raise TypeError(f"unsupported dtype {t.dtype}: hfr reduces {', '.join(d.name for d in DTYPES)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+    if writable and t.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name} requires grad and cannot be written in place while grad mode is on: "
+                         f"reduce it under torch.no_grad(), or pass {name}.detach()")
+    dtype = dtypes[t.dtype]
+    bits = t.detach()
+    if t.dtype == torch.bfloat16:  # DLPack has bfloat16 but NumPy and CuPy cannot import it
+        bits = bits.view(torch.int16)
+    if t.is_cuda:
+        import cupy
+
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream, t.device.index)
+        flat, kind, device = cupy.from_dlpack(bits).reshape(-1), "cupy", t.device.index
+    else:
+        flat, kind, device, stream = np.from_dlpack(bits).reshape(-1).view(dtype), "numpy", None, None
+    if writable:
+        torch.autograd.graph.increment_version(t)
+    return Array(t, flat, kind, device, dtype, tuple(t.shape), "torch", stream)
 
 
 def check_out(x: Array, out: Any) -> Array:
-    """out as an Array matching x in shape, dtype and device, not partly overlapping x."""
+    """out as an Array matching x in library, shape, dtype and device, not partly overlapping x."""
     o = inspect(out, "out")
-    if (o.kind, o.device) != (x.kind, x.device):
-        where = lambda a: a.kind if a.device is None else f"{a.kind} on device {a.device}"  # noqa: E731
-        raise ValueError(f"out is a {where(o)} array, x is a {where(x)} array")
+    if (o.library, o.kind, o.device) != (x.library, x.kind, x.device):
+        raise ValueError(f"out is a {o.describe()}, x is a {x.describe()}")
     if o.dtype != x.dtype:
         raise TypeError(f"out has dtype {o.dtype}, x has {x.dtype}")
     if o.shape != x.shape:

@@ -174,11 +174,11 @@ def _current_cuda_device() -> Optional[int]:
 
 
 def _ready_event(x: Array) -> Any:
-    """For a CuPy array, an event on the caller's current stream: the copies wait for it."""
+    """For a CUDA array, an event on the caller's stream (CuPy's or torch's current one): the copies wait for it."""
     if x.kind != "cupy":
         return None
     import cupy
 
     event = cupy.cuda.Event(block=False, disable_timing=True)
-    event.record(cupy.cuda.get_current_stream())
+    event.record(x.stream)
     return event
