@@ -25,6 +25,7 @@ are polled, yielding the CPU between polls, until done or past the caller's dead
 from __future__ import annotations
 
 import collections
+import os
 import time
 from typing import Iterator, Optional, Sequence
 
@@ -43,9 +44,8 @@ ALGOS = ("dbtree", "ring", "mpi")
 TREE_GRANULE_BYTES = 256 * 1024  # fixed: changing it changes which tree sums which element
 DEFAULT_BLOCK_BYTES = 256 * 1024
 BLOCKS_IN_FLIGHT = 4
-BUSY_POLL_S = 20e-6  # after progress stops: poll without pause this long, then yield the CPU ...
-YIELD_POLL_S = 1e-3  # ... between polls for this long, then sleep between polls:
-POLL_SLEEP_S = 50e-6
+YIELD_POLL_S = 2e-3  # after progress stops: between polls, yield the CPU (sched_yield) this long ...
+POLL_SLEEP_S = 50e-6  # ... then sleep this long (time.sleep(0) would sleep ~50 us too: timer slack)
 
 _UP_TAG = (0x4846, 0x4847)  # by tree; all below MPI's smallest allowed TAG_UB, 32767
 _DOWN_TAG = (0x4848, 0x4849)
@@ -179,9 +179,10 @@ def _drive(rail: MPI.Comm, flows: Sequence, deadline: Optional[float], what: str
             for flow in flows:
                 flow.abandon()
             raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
-        idle_s = now - last_progress
-        if idle_s > BUSY_POLL_S:
-            time.sleep(0 if idle_s < YIELD_POLL_S else POLL_SLEEP_S)
+        if now - last_progress < YIELD_POLL_S:
+            os.sched_yield()
+        else:
+            time.sleep(POLL_SLEEP_S)
 
 
 def _bytes(a: np.ndarray) -> list:
