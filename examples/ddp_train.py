@@ -36,8 +36,8 @@ def make_model(hidden: int, dtype: torch.dtype, device: torch.device) -> torch.n
     torch.manual_seed(1234)  # the same initial parameters on every rank (DDP broadcasts rank 0's anyway)
     return torch.nn.Sequential(
         torch.nn.Linear(INPUTS, hidden), torch.nn.GELU(),
-        torch.nn.Linear(hidden, hidden // 2 + 1), torch.nn.GELU(),
-        torch.nn.Linear(hidden // 2 + 1, CLASSES),
+        torch.nn.Linear(hidden, hidden // 2), torch.nn.GELU(),
+        torch.nn.Linear(hidden // 2, CLASSES),
     ).to(device=device, dtype=dtype)
 
 

@@ -1,0 +1,147 @@
+"""Checks of hfr on torch tensors, on every rank of the job it runs in; run by tests/test_torch.py.
+
+    torch_worker.py tensors DEVICE  hfr.allreduce of float32/float16/bfloat16/int32 tensors, in place and
+                                    out=, bitwise equal to the NumPy path; bad tensors refused untouched
+    torch_worker.py ddp DEVICE      DDP with hfr's hooks against DDP's own gloo allreduce: same parameters
+                                    after a few steps, bitwise the same on every rank; fp32, bf16 and fp16
+                                    models, small buckets of odd sizes, gradient_as_bucket_view
+
+Prints "torch <mode> ok" on rank 0; any failure raises, and mpi4py's runner aborts the job.
+"""
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import hfr
+import hfr.torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from ddp_train import train  # noqa: E402
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+DTYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: ml_dtypes.bfloat16, torch.int32: np.int32}
+
+
+def to_tensor(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    bits = torch.from_numpy(a.view(f"i{a.itemsize}").copy())
+    return bits.view(getattr(torch, a.dtype.name)).to(device)
+
+
+def bits(x) -> bytes:
+    """The bytes of a numpy array or a tensor."""
+    if isinstance(x, torch.Tensor):
+        x = x.cpu().view(torch.int8 if x.element_size() == 1 else getattr(torch, f"int{8 * x.element_size()}")).numpy()
+    return x.tobytes()
+
+
+def check_tensors(device: torch.device) -> None:
+    for torch_dtype, np_dtype in DTYPES.items():
+        for op in ("sum", "avg", "max"):
+            if op == "avg" and torch_dtype == torch.int32:
+                continue
+            rng = np.random.default_rng([7, rank])
+            a = (rng.standard_normal((3, 1001)) * 8).astype(np_dtype)  # 3003 elements: odd
+            want = hfr.allreduce(a.copy(), op)
+            t = to_tensor(a, device)
+            assert hfr.allreduce(t, op) is t, "in place returns the tensor passed"
+            assert bits(t) == bits(want), f"in place {torch_dtype} {op}: differs from the NumPy path"
+            x, out = to_tensor(a, device), torch.zeros(a.shape, dtype=torch_dtype, device=device)
+            assert hfr.allreduce(x, op, out=out) is out, "out= returns out"
+            assert bits(out) == bits(want) and bits(x) == bits(a), f"out= {torch_dtype} {op}: wrong result or x changed"
+            work = hfr.allreduce_async(to_tensor(a, device), op)
+            assert bits(work.wait()) == bits(want), f"allreduce_async {torch_dtype} {op}"
+    check_refused(device)
+
+
+def check_refused(device: torch.device) -> None:
+    """Bad tensors raise TypeError/ValueError on the calling rank and are left as they were."""
+    leaf = torch.ones(5, device=device, requires_grad=True)
+    cases = [
+        (torch.ones(4, 6, device=device).t(), ValueError, "not contiguous"),
+        (torch.ones(5, dtype=torch.bool, device=device), TypeError, "unsupported dtype torch.bool"),
+        (torch.ones(5, dtype=torch.complex64, device=device), TypeError, "unsupported dtype"),
+        (leaf, ValueError, "requires grad"),
+    ]
+    for x, error, words in cases:
+        before = bits(x.detach().contiguous())
+        try:
+            hfr.allreduce(x)
+        except error as e:
+            assert words in str(e), f"{e!r} does not say {words!r}"
+        else:
+            raise AssertionError(f"{x.dtype} {tuple(x.shape)}: no {error.__name__}")
+        assert bits(x.detach().contiguous()) == before, "a refused tensor was modified"
+    with torch.no_grad():  # under no_grad a leaf that requires grad may be written, as with torch's in-place ops
+        version = leaf._version
+        hfr.allreduce(leaf)
+        assert torch.equal(leaf, torch.full_like(leaf, size)) and leaf._version > version
+    try:
+        hfr.allreduce(torch.ones(5, device=device), out=np.ones(5, np.float32))
+    except ValueError as e:
+        assert "out is a numpy array" in str(e), e
+    else:
+        raise AssertionError("a numpy out for a tensor x was accepted")
+
+
+def same_on_every_rank(model: torch.nn.Module) -> bool:
+    mine = b"".join(bits(p.detach()) for p in model.parameters())
+    return len(set(world.allgather(mine))) == 1
+
+
+def check_ddp(device: torch.device) -> None:
+    hfr.torch.init_process_group("gloo")
+    comm = hfr.Communicator()
+    configs = [  # (dtype, bucket_cap_mb, gradient_as_bucket_view, rtol, atol)
+        (torch.float32, 25.0, False, 1e-5, 1e-6),
+        (torch.float32, 0.01, True, 1e-5, 1e-6),  # ~2600-float buckets cut at parameter boundaries
+        (torch.bfloat16, 0.01, False, 2e-2, 2e-3),
+        (torch.float16, 0.01, True, 2e-3, 2e-4),
+    ]
+    for dtype, cap, view, rtol, atol in configs:
+        what = f"{dtype}, bucket_cap_mb {cap}, gradient_as_bucket_view {view}"
+        kwargs = dict(steps=4, device=device, dtype=dtype, bucket_cap_mb=cap, gradient_as_bucket_view=view)
+        ours, theirs = train("hfr", **kwargs), train("gloo", **kwargs)
+        assert same_on_every_rank(ours.model), f"{what}: ranks' parameters differ"
+        for p, q in zip(ours.model.parameters(), theirs.model.parameters()):
+            torch.testing.assert_close(p, q, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+    check_hook_variants(device, comm)
+    comm.close()
+    dist.destroy_process_group()
+
+
+def check_hook_variants(device: torch.device, comm: hfr.Communicator) -> None:
+    """sum_allreduce_hook gives size × the average; an explicit Communicator as the state; gradients of
+    one backward pass against torch's own."""
+    grads = {}
+    for name, state, hook in [("avg", None, hfr.torch.allreduce_hook), ("sum", comm, hfr.torch.sum_allreduce_hook),
+                              ("torch", None, None)]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(13, 7).to(device)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        if hook is not None:
+            ddp.register_comm_hook(state, hook)
+        ddp(torch.full((3, 13), float(rank + 1), device=device)).square().sum().backward()
+        grads[name] = [p.grad.clone() for p in model.parameters()]
+    for avg, total, reference in zip(grads["avg"], grads["sum"], grads["torch"]):
+        torch.testing.assert_close(avg, reference)
+        torch.testing.assert_close(total, avg * size)
+
+
+def main() -> None:
+    mode, device = sys.argv[1], torch.device(sys.argv[2])
+    if device.type == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    {"tensors": check_tensors, "ddp": check_ddp}[mode](device)
+    world.Barrier()
+    if rank == 0:
+        print(f"torch {mode} ok")
+
+
+main()
