@@ -66,7 +66,7 @@ class HfrBackend:
     def describe(self) -> str:
         c = self.comm
         settings = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("HFR_"))
-        return (f"hfr {self.hfr.__version__}: {c.nnodes} node(s) x local size {c.local_size}; "
+        return (f"hfr {self.hfr.__version__}: {c.nnodes} node(s) x local size {c.local_size}, chunk {c.chunk_bytes} B; "
                 f"env {settings or '(no HFR_* set: defaults)'}")
 
     def allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:

@@ -12,7 +12,7 @@ import argparse
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -100,19 +100,20 @@ class Result:
 
 
 class Sweep:
-    """Buffers and checking for one size on this rank."""
+    """One size on this rank: its buffers, how to run a backend on them, and how to check the result."""
 
     def __init__(self, args: argparse.Namespace, kind: ArrayKind, comm: MPI.Comm, size: int) -> None:
         self.args, self.kind, self.comm = args, kind, comm
         self.coll: Collective = COLLECTIVES[args.collective]
-        dtype = DTYPES[args.datatype]
-        self.count = size // dtype.itemsize
+        self.dtype = DTYPES[args.datatype]
+        self.count = size // self.dtype.itemsize
+        self.size = self.count * self.dtype.itemsize
 
         def input_of(rank: int) -> np.ndarray:
-            return rank_input(self.count, dtype, args.op, args.seed, rank)
+            return rank_input(self.count, self.dtype, args.op, args.seed, rank)
 
         self.input = input_of(comm.rank)
-        self.expected = (self.coll.expected(input_of, comm.size, comm.rank, args.root, args.op, dtype)
+        self.expected = (self.coll.expected(input_of, comm.size, comm.rank, args.root, args.op, self.dtype)
                          if args.check else None)
         self.pristine = kind.from_host(self.input)  # copied into the send buffer before every call
         self.send = kind.from_host(self.input)
@@ -122,11 +123,18 @@ class Sweep:
         return (self.recv, self.recv) if in_place else (self.send, self.recv)
 
     def prepare(self, in_place: bool) -> None:
-        """Restore the input and poison the output (outside the clock), so no call sees old results."""
+        """Restore the input and poison the output, so no call sees old results; then wait for the device."""
         send, recv = self.buffers(in_place)
         if not in_place:
             poison(recv)
         self.kind.copy(send, self.pristine)
+        self.kind.synchronize()
+
+    def call(self, backend: Any, in_place: bool) -> None:
+        """One call of the collective, finished on the device too."""
+        send, recv = self.buffers(in_place)
+        getattr(backend, self.coll.name)(send, recv, self.args.op, self.args.root)
+        self.kind.synchronize()
 
     def wrong(self, in_place: bool) -> int:
         """Wrong elements on all ranks, after one call: the output, and out of place the untouched input."""
@@ -138,49 +146,35 @@ class Sweep:
             wrong += count_wrong(self.kind.to_host(send), self.input)
         return self.comm.allreduce(wrong, op=MPI.SUM)
 
-
-def time_calls(call: Callable[[], None], prepare: Callable[[], None], kind: ArrayKind, comm: MPI.Comm,
-               iters: int, warmup: int) -> float:
-    """Median over iterations of the slowest rank's seconds for one call; warm-up calls are not timed."""
-    seconds = np.zeros(iters)
-    for i in range(warmup + iters):
-        prepare()
-        kind.synchronize()
-        comm.Barrier()
-        start = time.perf_counter()
-        call()
-        kind.synchronize()
-        if i >= warmup:
-            seconds[i - warmup] = time.perf_counter() - start
-    comm.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
-    return float(np.median(seconds))
+    def seconds(self, backend: Any, in_place: bool) -> float:
+        """Median over iterations of the slowest rank's seconds for one call; warm-up calls are not timed."""
+        iters, warmup = self.args.iters, self.args.warmup_iters
+        seconds = np.zeros(iters)
+        for i in range(warmup + iters):
+            self.prepare(in_place)
+            self.comm.Barrier()
+            start = time.perf_counter()
+            self.call(backend, in_place)
+            if i >= warmup:
+                seconds[i - warmup] = time.perf_counter() - start
+        self.comm.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
+        return float(np.median(seconds))
 
 
 def run_one(backend: Any, sweep: Sweep, in_place: bool) -> Result:
-    args, coll = sweep.args, sweep.coll
-    size = sweep.count * DTYPES[args.datatype].itemsize
-    result = Result(backend.name, PLACEMENTS[in_place], size, sweep.count)
-    result.reason = backend.unsupported(coll, DTYPES[args.datatype], args.op, in_place)
+    """Check once (unless -c 0), then time: one half of a table row."""
+    result = Result(backend.name, PLACEMENTS[in_place], sweep.size, sweep.count)
+    result.reason = backend.unsupported(sweep.coll, sweep.dtype, sweep.args.op, in_place)
     if result.reason:
         return result
-    send, recv = sweep.buffers(in_place)
-    run_collective = getattr(backend, coll.name)
-
-    def call() -> None:
-        run_collective(send, recv, args.op, args.root)
-
-    def prepare() -> None:
+    if sweep.args.check:
         sweep.prepare(in_place)
-
-    if args.check:
-        prepare()
-        call()
-        sweep.kind.synchronize()
+        sweep.call(backend, in_place)
         result.wrong = sweep.wrong(in_place)
-    seconds = time_calls(call, prepare, sweep.kind, sweep.comm, args.iters, args.warmup_iters)
+    seconds = sweep.seconds(backend, in_place)
     result.time_us = seconds * 1e6
-    result.algbw = size / seconds / 1e9
-    result.busbw = result.algbw * coll.bus_factor(sweep.comm.size)
+    result.algbw = sweep.size / seconds / 1e9
+    result.busbw = result.algbw * sweep.coll.bus_factor(sweep.comm.size)
     return result
 
 
