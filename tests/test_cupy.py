@@ -1,0 +1,22 @@
+"""CuPy arrays (GPU only: skipped where CuPy or a CUDA device is missing)."""
+import pytest
+
+from .mpirun import run_mpi
+
+
+def _have_gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _have_gpu(), reason="needs CuPy and a CUDA device")]
+
+
+@pytest.mark.parametrize("nprocs,local_size", [(1, None), (2, None), (4, None), (4, 2)])
+def test_cupy_arrays(nprocs, local_size):
+    env = {"HFR_LOCAL_SIZE": str(local_size)} if local_size else {}
+    assert "cupy ok" in run_mpi(nprocs, "cupy_worker.py", env=env, timeout=300).stdout

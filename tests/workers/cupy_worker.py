@@ -1,0 +1,79 @@
+"""hfr on CuPy arrays, ranks sharing the GPUs there are: the same bits as the NumPy path, out=,
+async, and the copies ordered after work queued on the caller's stream."""
+import cupy as cp
+import numpy as np
+from mpi4py import MPI
+
+import hfr
+from hfr.ops import DTYPES, Op
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
+comm = hfr.Communicator(world, chunk_bytes=1 << 20)
+
+
+def make_input(dtype, op, count, seed):
+    rng = np.random.default_rng([seed, rank])
+    if dtype.kind in "iu":
+        return rng.integers(-50, 50, count).astype(dtype)
+    values = rng.uniform(0.5, 1.5, count) if op is Op.PROD else rng.standard_normal(count)
+    return values.astype(dtype)
+
+
+def cupy_holds(dtype):
+    try:
+        cp.zeros(1, dtype)
+        return True
+    except Exception:
+        return False
+
+
+seed = 0
+for dtype in DTYPES:
+    if not cupy_holds(dtype):
+        if rank == 0:
+            print(f"cupy cannot hold {dtype}: skipped")
+        continue
+    for op in Op:
+        if op is Op.AVG and dtype.kind in "iu":
+            continue
+        for count in (0, 1, 7, 100003, (3 << 20) + 3):
+            seed += 1
+            host = make_input(dtype, op, count, seed)
+            want = comm.allreduce(host.copy(), op=op)
+            x = cp.asarray(host)
+            got = comm.allreduce(x, op=op)
+            assert got is x
+            assert np.array_equal(cp.asnumpy(x).view(np.uint8), want.view(np.uint8)), f"{dtype} {op} {count}"
+            x = cp.asarray(host)
+            out = cp.full(count, 7, dtype)
+            assert comm.allreduce(x, op=op, out=out) is out
+            assert np.array_equal(cp.asnumpy(out).view(np.uint8), want.view(np.uint8))
+            assert np.array_equal(cp.asnumpy(x).view(np.uint8), host.view(np.uint8)), "x modified"
+
+# A write queued on the caller's stream right before allreduce_async, behind slow work, is included.
+for stream in (cp.cuda.Stream(non_blocking=True), cp.cuda.Stream.null):
+    with stream:
+        a = cp.random.rand(4096, 4096, dtype=cp.float32)
+        x = cp.zeros(8 << 20, cp.float32)
+        for _ in range(30):
+            a = a @ a * 1e-3
+        x += rank + 1
+        work = comm.allreduce_async(x)
+        y = work.wait(timeout=120)
+    assert float(cp.asnumpy(y).min()) == float(cp.asnumpy(y).max()) == size * (size + 1) / 2
+
+# Several in flight, reduce and broadcast.
+xs = [cp.full(300000 + i, rank + i, cp.float32) for i in range(4)]
+works = [comm.allreduce_async(x) for x in xs]
+for i, (w, x) in enumerate(zip(works, xs)):
+    assert float(w.wait(timeout=120)[-1]) == sum(r + i for r in range(size))
+x = cp.full(1000, rank + 1.0, cp.float64)
+comm.reduce(x, root=size - 1)
+assert float(x[0]) == (size * (size + 1) / 2 if rank == size - 1 else rank + 1)
+comm.broadcast(x, root=size - 1)
+assert float(x[0]) == size * (size + 1) / 2
+comm.close()
+if rank == 0:
+    print(f"cupy ok on {size} ranks")
