@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from hfr.internode import ALGOS, MPI_BELOW_BYTES, choose_algo
 from tests.mpirun import run_mpi
 
 
@@ -23,3 +24,8 @@ def test_dead_peer_times_out_naming_it():
     for algo in ("dbtree", "ring", "mpi"):
         assert f"OK {algo} timed out" in out, out
     assert time.monotonic() - start < 30
+
+
+def test_choose_algo():
+    assert choose_algo(8, 4) == "mpi" and choose_algo(MPI_BELOW_BYTES, 4) == "dbtree"
+    assert all(choose_algo(1 << k, n) in ALGOS for k in range(40) for n in (1, 2, 3, 64))
