@@ -1,8 +1,9 @@
 """Copies between a rank's array and the node-shared segment.
 
 A copy returns a token: None when it has already finished, else a CUDA event to poll. For CuPy
-arrays the copies run on a copy stream of the Communicator's own (the GPU's copy engines, no kernel),
-ordered after the work the caller had queued on its current stream when it made the call.
+arrays the copies run on two streams of the Communicator's own, one each way, so that copies in and
+out overlap (the GPU's copy engines, no kernel), both ordered after the work the caller had queued on
+its current stream when it made the call.
 """
 from __future__ import annotations
 
@@ -39,22 +40,25 @@ class CudaCopies:
         self._cupy = cupy
         self.device = device
         with cupy.cuda.Device(device):
-            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.to_host = cupy.cuda.Stream(non_blocking=True)
+            self.to_device = cupy.cuda.Stream(non_blocking=True)
 
     def begin(self, ready: Optional[Any]) -> None:
         """Order the copies that follow after the event recorded on the caller's stream."""
         if ready is not None:
-            self.stream.wait_event(ready)
+            self.to_host.wait_event(ready)
+            self.to_device.wait_event(ready)
 
-    def _copy(self, dst_ptr: int, src_ptr: int, nbytes: int, kind: int) -> Any:
-        runtime = self._cupy.cuda.runtime
-        runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, kind, self.stream.ptr)
+    def _copy(self, stream: Any, dst_ptr: int, src_ptr: int, nbytes: int, kind: int) -> Any:
+        self._cupy.cuda.runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, kind, stream.ptr)
         event = self._cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(self.stream)
+        event.record(stream)
         return event
 
     def to_segment(self, dst: np.ndarray, src: Any, start: int) -> Any:
-        return self._copy(dst.ctypes.data, src.data.ptr + start, dst.size, self._cupy.cuda.runtime.memcpyDeviceToHost)
+        return self._copy(self.to_host, dst.ctypes.data, src.data.ptr + start, dst.size,
+                          self._cupy.cuda.runtime.memcpyDeviceToHost)
 
     def from_segment(self, dst: Any, start: int, src: np.ndarray) -> Any:
-        return self._copy(dst.data.ptr + start, src.ctypes.data, src.size, self._cupy.cuda.runtime.memcpyHostToDevice)
+        return self._copy(self.to_device, dst.data.ptr + start, src.ctypes.data, src.size,
+                          self._cupy.cuda.runtime.memcpyHostToDevice)

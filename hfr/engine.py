@@ -158,7 +158,7 @@ class Engine:
             copies_out = is_root
         else:
             copies_out = not (is_root and out.address == x.address)
-        algo = self._algo_for(x.nbytes) if layout.nnodes > 1 else None
+        algo = self._algo_for(call) if layout.nnodes > 1 else None
         pending_in: dict[int, Any] = {}
 
         def deposit(c: int) -> None:
@@ -228,8 +228,14 @@ class Engine:
                 self._cuda = CudaCopies(x.device)
         return self._cuda
 
-    def _algo_for(self, nbytes: int) -> str:
-        return internode.choose_algo(nbytes, self.layout.nnodes) if self.algo == "auto" else self.algo
+    def _algo_for(self, call: Call) -> str:
+        """HFR_ALGO, or by size where any order of combining gives the same bits (integers, max,
+        min); float sums and products always take dbtree, whose bits do not depend on the chunks."""
+        if self.algo != "auto":
+            return self.algo
+        if call.x.dtype.kind in "iu" or call.op in (Op.MAX, Op.MIN):
+            return internode.choose_algo(call.x.nbytes, self.layout.nnodes)
+        return "dbtree"
 
     # --- agreement before any data moves ------------------------------------------------------
     def _agree(self, call: Call) -> None:
