@@ -229,11 +229,12 @@ class Engine:
         return self._cuda
 
     def _algo_for(self, call: Call) -> str:
-        """HFR_ALGO, or by size where any order of combining gives the same bits (integers, max,
-        min); float sums and products always take dbtree, whose bits do not depend on the chunks."""
+        """HFR_ALGO, or by size for integers (any order of combining gives their bits). Floats always
+        take dbtree: its bits do not depend on the chunks, and it propagates NaN through max and min
+        (MPI's MAX and MIN do not)."""
         if self.algo != "auto":
             return self.algo
-        if call.x.dtype.kind in "iu" or call.op in (Op.MAX, Op.MIN):
+        if call.x.dtype.kind in "iu":
             return internode.choose_algo(call.x.nbytes, self.layout.nnodes)
         return "dbtree"
 
