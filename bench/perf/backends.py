@@ -101,7 +101,7 @@ class MpiBackend:
 
     def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
         if self.kind.name != "numpy":
-            return "reduces host arrays (CUDA-aware MPI not assumed): see mpi-staged"
+            return "takes host arrays (CUDA-aware MPI not assumed): see mpi-staged"
         if coll.uses_op and dtype.name in _HALF_TYPES:
             return f"MPI has no standard {dtype.name} reduction"
         return None

@@ -91,7 +91,7 @@ class Report:
             "hosts": sorted(set(hosts)) if comm.rank == 0 else None,
             "ranks_per_host": ranks_per_host(comm),
             "hfr": next((b.describe() for b in backends if b.name == "hfr"), f"hfr: {missing.get('hfr', 'not run')}"),
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            "mpi": MPI.Get_library_version().replace("\0", "").splitlines()[0].strip(),
             "mpi4py": mpi4py.__version__,
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "array": args.array,
