@@ -11,6 +11,7 @@ GPUs round-robin (all on cuda:0 with one GPU); nccl needs a GPU per rank of the 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -106,7 +107,8 @@ def main() -> None:
         timed = result.step_seconds[args.warmup:] or result.step_seconds
         parameters = sum(p.numel() for p in result.model.parameters())
         print(f"comm {args.comm}  device {device}  ranks {world.size}  parameters {parameters}  dtype {args.dtype}  "
-              f"mean step {1e3 * sum(timed) / len(timed):.3f} ms over {len(timed)} steps")
+              f"mean step {1e3 * statistics.mean(timed):.3f} ms, median {1e3 * statistics.median(timed):.3f} ms "
+              f"over {len(timed)} steps")
     dist.destroy_process_group()
 
 
