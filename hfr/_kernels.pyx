@@ -24,12 +24,69 @@ from hfr.ops import Op
 
 cnp.import_array()
 
+cdef extern from *:
+    """
+    #include <string.h>
+    #if defined(__SSE2__)
+    #include <emmintrin.h>
+    /* memcpy with non-temporal stores: dst's lines are written without being read into the cache. */
+    static void hfr_stream_copy(void *dst, const void *src, size_t n) {
+        char *d = (char *)dst;
+        const char *s = (const char *)src;
+        size_t head = (16 - ((size_t)d & 15)) & 15;
+        if (head > n) head = n;
+        memcpy(d, s, head);
+        for (d += head, s += head, n -= head; n >= 16; d += 16, s += 16, n -= 16)
+            _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+        memcpy(d, s, n);
+    }
+    static void hfr_stream_fence(void) { _mm_sfence(); }
+    #else
+    static void hfr_stream_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+    static void hfr_stream_fence(void) {}
+    #endif
+    """
+    void hfr_stream_copy(void* dst, const void* src, size_t n) noexcept nogil
+    void hfr_stream_fence() noexcept nogil
+
+cdef extern from *:
+    """
+    /* float16 <-> float32 with the CPU's F16C instructions (8 at a time, round to nearest even, NaN
+       stays NaN) where the build targets them; otherwise hfr_f16c is 0 and the software loops run. */
+    #if defined(__F16C__)
+    #include <immintrin.h>
+    #define hfr_f16c 1
+    static void hfr_f16c_widen(float *dst, const uint16_t *src, Py_ssize_t n) {
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+        for (; i < n; i++)
+            dst[i] = _cvtsh_ss(src[i]);
+    }
+    static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+        for (; i < n; i++)
+            dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+    }
+    #else
+    #define hfr_f16c 0
+    static void hfr_f16c_widen(float *dst, const uint16_t *src, Py_ssize_t n) {}
+    static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {}
+    #endif
+    """
+    const bint hfr_f16c
+    void hfr_f16c_widen(float* dst, const uint16_t* src, Py_ssize_t n) noexcept nogil
+    void hfr_f16c_narrow(uint16_t* dst, const float* src, Py_ssize_t n) noexcept nogil
+
 __all__ = ["reduce", "parallel_copy", "MIN_BYTES_PER_THREAD"]
 
 cdef enum:
     SUM, MAX, MIN, PROD
     TILE_BYTES = 8192
-    TILE_FLOATS = 2048  # TILE_BYTES of float32
+    TILE_WORDS = 1024  # TILE_BYTES in 8-byte words
+    STREAM_MIN_BYTES = 4 << 20  # a smaller out is likely read again soon: leave it in the cache
     BLOCK_ALIGN_BYTES = 64  # blocks start on cache lines, so threads never write one line together
 
 # Below this much memory traffic per thread, another thread costs more than it saves.
@@ -71,23 +128,26 @@ ctypedef fused any_t:
     fp16_t
 
 
-# ---- combining two runs of elements --------------------------------------------------------------
+# ---- folding one run of elements into another --------------------------------------------------------------
 
-cdef void _combine(elem_t* dst, const elem_t* a, const elem_t* b, Py_ssize_t m, int op) noexcept nogil:
-    """dst[i] = a[i] op b[i]; dst may be a. max/min return a NaN of either side, like np.maximum."""
+cdef void _fold(elem_t* acc, const elem_t* x, Py_ssize_t m, int op) noexcept nogil:
+    """acc[i] = acc[i] op x[i]. max/min return a NaN of either side, as np.maximum does.
+
+    Two distinct pointers: gcc's runtime overlap check then passes and the vector loop runs (with
+    dst[i] = a[i] op b[i] and dst == a, it would find an overlap and fall back to the scalar loop)."""
     cdef Py_ssize_t i
     if op == SUM:
         for i in range(m):
-            dst[i] = a[i] + b[i]
+            acc[i] = acc[i] + x[i]
     elif op == PROD:
         for i in range(m):
-            dst[i] = a[i] * b[i]
+            acc[i] = acc[i] * x[i]
     elif op == MAX:
         for i in range(m):
-            dst[i] = a[i] if (a[i] > b[i]) | (a[i] != a[i]) else b[i]
+            acc[i] = acc[i] if (acc[i] > x[i]) | (acc[i] != acc[i]) else x[i]
     else:
         for i in range(m):
-            dst[i] = a[i] if (a[i] < b[i]) | (a[i] != a[i]) else b[i]
+            acc[i] = acc[i] if (acc[i] < x[i]) | (acc[i] != acc[i]) else x[i]
 
 
 # ---- float32 <-> half conversions (round to nearest even; NaN stays NaN) -------------------------
@@ -141,6 +201,9 @@ cdef inline uint16_t _f32_to_fp16(float f) noexcept nogil:
 
 cdef void _widen(float* dst, const half_t* src, Py_ssize_t m) noexcept nogil:
     cdef Py_ssize_t i
+    if half_t is fp16_t and hfr_f16c:
+        hfr_f16c_widen(dst, <const uint16_t*>src, m)
+        return
     for i in range(m):
         if half_t is bf16_t:
             dst[i] = _bf16_to_f32(src[i].bits)
@@ -150,6 +213,9 @@ cdef void _widen(float* dst, const half_t* src, Py_ssize_t m) noexcept nogil:
 
 cdef void _narrow(half_t* dst, const float* src, Py_ssize_t m) noexcept nogil:
     cdef Py_ssize_t i
+    if half_t is fp16_t and hfr_f16c:
+        hfr_f16c_narrow(<uint16_t*>dst, src, m)
+        return
     for i in range(m):
         if half_t is bf16_t:
             dst[i].bits = _f32_to_bf16(src[i])
@@ -159,12 +225,19 @@ cdef void _narrow(half_t* dst, const float* src, Py_ssize_t m) noexcept nogil:
 
 # ---- one block, then all blocks -----------------------------------------------------------------
 
-cdef void _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t hi, int op) noexcept nogil:
-    """out[lo:hi] = xs[0][lo:hi] op ... op xs[k-1][lo:hi], tile by tile."""
+cdef void _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t hi, int op,
+                        bint stream) noexcept nogil:
+    """out[lo:hi] = xs[0][lo:hi] op ... op xs[k-1][lo:hi], tile by tile.
+
+    stream: finish each tile in a scratch tile and copy it out with non-temporal stores, so out's lines
+    are not read from memory first (the read-for-ownership a plain store costs) nor left in the cache."""
+    cdef uint64_t scratch0[TILE_WORDS]
+    cdef uint64_t scratch1[TILE_WORDS]
+    cdef float* acc = <float*>scratch0
+    cdef float* tmp = <float*>scratch1
+    cdef any_t* dst
     cdef Py_ssize_t start, m, j
-    cdef Py_ssize_t tile = TILE_FLOATS if any_t is bf16_t or any_t is fp16_t else TILE_BYTES // sizeof(any_t)
-    cdef float acc[TILE_FLOATS]
-    cdef float tmp[TILE_FLOATS]
+    cdef Py_ssize_t tile = TILE_BYTES // 4 if any_t is bf16_t or any_t is fp16_t else TILE_BYTES // sizeof(any_t)
     if k == 1:
         if out != xs[0]:
             memcpy(out + lo, xs[0] + lo, (hi - lo) * sizeof(any_t))
@@ -172,30 +245,37 @@ cdef void _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t
     start = lo
     while start < hi:
         m = min(tile, hi - start)
+        dst = <any_t*>scratch1 if stream else out + start
         if any_t is bf16_t or any_t is fp16_t:
             _widen(acc, xs[0] + start, m)
             for j in range(1, k):
                 _widen(tmp, xs[j] + start, m)
-                _combine(acc, acc, tmp, m, op)
-            _narrow(out + start, acc, m)
+                _fold(acc, tmp, m, op)
+            _narrow(dst, acc, m)
         else:
-            _combine(out + start, xs[0] + start, xs[1] + start, m, op)
-            for j in range(2, k):
-                _combine(out + start, out + start, xs[j] + start, m, op)
+            if dst != xs[0] + start:
+                memcpy(dst, xs[0] + start, m * sizeof(any_t))
+            for j in range(1, k):
+                _fold(dst, xs[j] + start, m, op)
+        if stream:
+            hfr_stream_copy(out + start, dst, m * sizeof(any_t))
         start += m
+    if stream:
+        hfr_stream_fence()
 
 
 cdef void _reduce(any_t* out, any_t** xs, int k, Py_ssize_t n, int op, int threads) noexcept nogil:
     """Cut [0, n) into `threads` cache-line-aligned blocks, one per thread."""
     cdef Py_ssize_t align = BLOCK_ALIGN_BYTES // sizeof(any_t)
     cdef Py_ssize_t per = ((n + threads - 1) // threads + align - 1) // align * align
+    cdef bint stream = n * sizeof(any_t) >= STREAM_MIN_BYTES
     cdef Py_ssize_t t
     if threads == 1:
-        _reduce_block(out, xs, k, 0, n, op)
+        _reduce_block(out, xs, k, 0, n, op, stream)
         return
     for t in prange(threads, schedule="static", num_threads=threads):
         if t * per < n:
-            _reduce_block(out, xs, k, t * per, min(t * per + per, n), op)
+            _reduce_block(out, xs, k, t * per, min(t * per + per, n), op, stream)
 
 
 # ---- Python entry points ------------------------------------------------------------------------

@@ -30,20 +30,21 @@ SUBNORMAL_STEP = np.float32(2.0**-24)  # the float16 subnormal step
 
 
 @njit(cache=True, inline="always")
-def _combine(dst, a, b, op):
-    """dst[i] = a[i] op b[i]; dst may be a. max/min return a NaN of either side, like np.maximum."""
+def _fold(acc, x, op):
+    """acc[i] = acc[i] op x[i]. max/min return a NaN of either side, as np.maximum does.
+    (Two arrays, not dst = a op b with dst is a: LLVM's overlap check would then pick the scalar loop.)"""
     if op == SUM:
-        for i in range(dst.size):
-            dst[i] = a[i] + b[i]
+        for i in range(acc.size):
+            acc[i] = acc[i] + x[i]
     elif op == PROD:
-        for i in range(dst.size):
-            dst[i] = a[i] * b[i]
+        for i in range(acc.size):
+            acc[i] = acc[i] * x[i]
     elif op == MAX:
-        for i in range(dst.size):
-            dst[i] = a[i] if (a[i] > b[i]) | (a[i] != a[i]) else b[i]
+        for i in range(acc.size):
+            acc[i] = acc[i] if (acc[i] > x[i]) | (acc[i] != acc[i]) else x[i]
     else:
-        for i in range(dst.size):
-            dst[i] = a[i] if (a[i] < b[i]) | (a[i] != a[i]) else b[i]
+        for i in range(acc.size):
+            acc[i] = acc[i] if (acc[i] < x[i]) | (acc[i] != acc[i]) else x[i]
 
 
 @njit(cache=True, inline="always")
@@ -63,7 +64,7 @@ def _reduce_plain(out, xs, op, nthreads):
             for i in range(dst.size):  # a loop, not dst[:] = x0, as out may be xs[0]
                 dst[i] = x0[i]
             for j in range(1, len(xs)):
-                _combine(dst, dst, xs[j][start:stop], op)
+                _fold(dst, xs[j][start:stop], op)
 
 
 @njit(cache=True, inline="always")
@@ -118,7 +119,7 @@ def _reduce_half(out, xs, op, is_bf16, nthreads):
             _widen(acc_b, acc, xs[0][start:stop], is_bf16)
             for j in range(1, k):
                 _widen(tmp_b, tmp, xs[j][start:stop], is_bf16)
-                _combine(acc, acc, tmp, op)
+                _fold(acc, tmp, op)
             _narrow(out[start:stop], acc_b, acc, tmp_b, tmp, is_bf16)
 
 
