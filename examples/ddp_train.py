@@ -85,6 +85,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="samples per rank and step")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the mean step time")
     args = parser.parse_args()
+    if args.comm == "nccl" and args.device != "cuda":
+        parser.error("--comm nccl needs --device cuda")
 
     world = MPI.COMM_WORLD
     local_size = world.Split_type(MPI.COMM_TYPE_SHARED).Get_size()

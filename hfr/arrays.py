@@ -72,7 +72,7 @@ def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
 
         kind, device, stream = "cupy", x.device.id, cupy.cuda.get_current_stream()
     else:
-        raise TypeError(f"{name} must be a numpy.ndarray, cupy.ndarray or torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"{name} must be a numpy.ndarray or cupy.ndarray (or a torch.Tensor), got {type(x).__name__}")
     if not x.flags.c_contiguous:
         raise ValueError(f"{name} is not C-contiguous (shape {x.shape}, strides {x.strides})")
     dtype = as_dtype(x.dtype)
