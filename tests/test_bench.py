@@ -8,7 +8,7 @@ import pytest
 
 import hfr
 from bench.perf.collectives import COLLECTIVES, DTYPES, count_wrong, poison, rank_input
-from bench.perf.harness import parse_size, sweep_sizes
+from bench.perf.harness import parse_args, parse_size, sweep_sizes
 from tests.mpirun import REPO, run_mpi
 
 SCRIPT = str(REPO / "bench" / "allreduce_perf.py")
@@ -36,6 +36,8 @@ def test_parse_size_and_sweep():
     assert [parse_size(s) for s in ("8", "64K", "16M", "1G")] == [8, 64 << 10, 16 << 20, 1 << 30]
     assert sweep_sizes(8, 64 << 20, 4, 4) == [8 * 4**k for k in range(12)]
     assert sweep_sizes(6, 6, 1, 4) == [4]
+    with pytest.raises(SystemExit):
+        parse_args(["-b", "8", "-e", "64", "-f", "1"])
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -37,13 +37,12 @@ def parse_size(text: str) -> int:
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int, factor: int, itemsize: int) -> list[int]:
-    """min_bytes, min_bytes*factor, ... up to max_bytes, each rounded down to whole elements."""
-    if factor < 2 and min_bytes != max_bytes:
-        raise ValueError(f"-f {factor}: the multiplication factor must be >= 2 to reach -e from -b")
+    """min_bytes, min_bytes*factor, ... up to max_bytes, each rounded down to whole elements
+    (just min_bytes when it equals max_bytes or factor < 2)."""
     sizes, size = [], min_bytes
     while size <= max_bytes:
         sizes.append(size - size % itemsize)
-        if factor < 2:
+        if size == max_bytes or factor < 2:
             break
         size *= factor
     return sorted(set(sizes))
@@ -79,6 +78,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
             p.error(f"unknown backend {name!r}: choose from {','.join(BACKEND_NAMES)}")
     if args.op == "avg" and DTYPES[args.datatype].kind not in "fV":
         p.error(f"-o avg needs a float type, not {args.datatype}")
+    if args.minbytes > args.maxbytes or (args.stepfactor < 2 and args.minbytes != args.maxbytes):
+        p.error("-b must be <= -e, and -f >= 2 unless -b equals -e")
     if args.iters < 1 or args.warmup_iters < 0:
         p.error("-n must be >= 1 and -w >= 0")
     return args
