@@ -113,7 +113,7 @@ class Report:
         self._print(f"# hfr benchmark: {a.collective}, {a.datatype}, op {self.redop}"
                     + (f", root {a.root}" if self.coll.uses_root else "")
                     + f", {a.array} arrays, sizes {a.minbytes}..{a.maxbytes} B x{a.stepfactor}")
-        self._print(f"# date {lay['date']}, host {socket.gethostname()}, hosts {lay['hosts']}")
+        self._print(f"# date {lay['date']}, host {socket.gethostname()}, hosts {', '.join(lay['hosts'])}")
         self._print(f"# ranks {lay['ranks']}, {lay['ranks_per_host']} per host; {lay['hfr']}")
         self._print(f"# {lay['mpi']}; mpi4py {lay['mpi4py']}")
         self._print(f"# time: median over {a.iters} iterations ({a.warmup_iters} warm-up) of the slowest rank, "
