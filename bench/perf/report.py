@@ -85,10 +85,10 @@ class Report:
         self.args, self.comm, self.backends, self.missing = args, comm, backends, missing
         self.coll = COLLECTIVES[args.collective]
         self.lines: list[str] = []
-        hosts = comm.gather(socket.gethostname(), root=0)
+        hosts = comm.allgather(socket.gethostname())
         self.layout = {
             "ranks": comm.size,
-            "hosts": sorted(set(hosts)) if comm.rank == 0 else None,
+            "hosts": sorted(set(hosts)),
             "ranks_per_host": ranks_per_host(comm),
             "hfr": next((b.describe() for b in backends if b.name == "hfr"), f"hfr: {missing.get('hfr', 'not run')}"),
             "mpi": MPI.Get_library_version().replace("\0", "").splitlines()[0].strip(),
