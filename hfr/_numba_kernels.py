@@ -22,7 +22,7 @@ __all__ = ["reduce"]
 
 SUM, MAX, MIN, PROD = 0, 1, 2, 3
 _OPS = {Op.SUM: SUM, Op.MAX: MAX, Op.MIN: MIN, Op.PROD: PROD}
-TILE = 2048
+TILE = 32768  # elements; as in _kernels.pyx, long runs of each input keep the prefetchers streaming
 BLOCK_ALIGN = 64  # elements: blocks start on cache lines
 MIN_BYTES_PER_THREAD = 256 * 1024
 _HALF_KINDS = {np.dtype(ml_dtypes.bfloat16): True, np.dtype(np.float16): False}  # dtype -> is bfloat16
