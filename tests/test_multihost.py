@@ -1,0 +1,141 @@
+"""hfr across hosts made of network namespaces and veth pairs, MPI over TCP between them, and a link
+cut in the middle of the run: every rank must get an HFRError within the timeout, not hang (issue 6).
+
+Skips where namespaces cannot be made (not root, no `ip`, EPERM) or MPI cannot start across them.
+"""
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from . import netns
+from .mpirun import REPO, WORKERS, mpiexec
+
+TIMEOUT_S = 5  # hfr's timeout in the job
+GRACE_S = 5  # for the error to reach every rank and the job to end
+HELLO = ("from mpi4py import MPI; w = MPI.COMM_WORLD; "
+         "print('hello', w.Get_rank(), w.allreduce(1), w.Split_type(MPI.COMM_TYPE_SHARED).Get_size(), flush=True)")
+
+
+class Job:
+    """An MPI job across the cluster, its output read line by line on a thread."""
+
+    def __init__(self, cluster: netns.Cluster, ranks_per_host: int, argv: list, env: dict):
+        cmd, net_env = cluster.mpiexec(ranks_per_host, argv, mpiexec()[0])
+        full_env = dict(os.environ)
+        full_env.update({"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "HFR_NUM_THREADS": "1"})
+        full_env.pop("HFR_LOCAL_SIZE", None)  # the hosts are the nodes
+        full_env.update(net_env)
+        full_env.update(env)
+        self.cmd = cmd
+        self.lines: list = []
+        self._queue: queue.Queue = queue.Queue()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=full_env, start_new_session=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, count: int, deadline: float) -> bool:
+        """Read until text occurs `count` times (True), or the output ends or the deadline passes (False).
+
+        Occurrences, not lines: the ranks' lines may come through mpiexec interleaved."""
+        while self.output.count(text) < count:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return False
+            if line is None:
+                self._queue.put(None)
+                return False
+            self.lines.append(line)
+        return True
+
+    def finish(self, deadline: float) -> int | None:
+        """The exit status, or None when the job had to be killed at the deadline."""
+        try:
+            rc = self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            rc = None
+        self.kill()
+        self.wait_for("\0", 1, time.monotonic() + 2)  # drain what is left
+        return rc
+
+    def kill(self):
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+
+@pytest.fixture
+def cluster(request):
+    hosts = request.param
+    version = subprocess.run([mpiexec()[0], "--version"], capture_output=True, text=True).stdout
+    if "HYDRA" not in version:
+        pytest.skip("the multi-host launch needs MPICH's hydra mpiexec (-launcher ssh -launcher-exec)")
+    try:
+        c = netns.Cluster(hosts)
+    except netns.Unavailable as error:
+        pytest.skip(f"no network namespaces here: {error}")
+    try:
+        job = Job(c, 1, [sys.executable, "-c", HELLO], {})
+        ok = job.wait_for("hello", hosts, time.monotonic() + 30)
+        rc = job.finish(time.monotonic() + 10)
+        if not ok or rc != 0:
+            pytest.skip(f"MPI cannot start across {hosts} namespaces (exit {rc}):\n{job.output[-2000:]}")
+        yield c
+    finally:
+        left = c.close()
+        assert not left, f"left behind: {left}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster,ranks_per_host,cut,loop", [(2, 2, 1, "mixed"), (3, 1, 1, "mixed"), (2, 1, 0, "mpi")],
+                         indirect=["cluster"],
+                         ids=["2 hosts x 2 ranks, dbtree and MPI", "3 hosts x 1 rank, dbtree and MPI",
+                              "2 hosts x 1 rank, MPI Iallreduce only"])
+def test_a_cut_link_gives_a_timeout_on_every_rank_not_a_hang(cluster, ranks_per_host, cut, loop):
+    hosts = len(cluster.hosts)
+    ranks = hosts * ranks_per_host
+    job = Job(cluster, ranks_per_host, [sys.executable, "-m", "mpi4py", str(WORKERS / "multihost_worker.py"),
+                                        str(hosts), str(ranks_per_host), loop],
+              {"MULTIHOST_TIMEOUT": str(TIMEOUT_S), "HFR_CHUNK_BYTES": "256K"})
+    try:
+        started = job.wait_for("ready", ranks, time.monotonic() + 60)
+        assert started, f"the ranks did not get ready across {hosts} hosts:\n{job.output}"
+        # Each rank prints "ready" once its checked allreduces are done, then loops more of them.
+        assert "sums correct" in job.output
+        time.sleep(0.5)
+        cut_at = time.monotonic()
+        cluster.cut(cut)
+        errors = job.wait_for("Error after", ranks, cut_at + TIMEOUT_S + GRACE_S)
+        took = time.monotonic() - cut_at
+        assert errors, f"not every rank got an error within {TIMEOUT_S + GRACE_S} s of the cut:\n{job.output}"
+        rc = job.finish(time.monotonic() + GRACE_S)
+        assert rc == 0, f"the job exited {rc} (None: hung and killed):\n{job.output}"
+    finally:
+        job.kill()
+    out = job.output
+    assert out.count("HFRTimeoutError after") == ranks, out
+    # Exit status 0 means every rank passed its own checks (an assertion aborts the job) and left by
+    # os._exit(0); its last line ("rank R done") is not counted: hydra can drop what a rank prints
+    # just before it exits.
+    assert "in the loop" in out and took < TIMEOUT_S + GRACE_S
+    if loop == "mpi":  # the cut lands in a polled MPI Iallreduce: the call check's or the data's
+        assert out.count("for the call check") + out.count("allreduce (mpi) timed out") == ranks, out
+    print(f"{hosts} hosts x {ranks_per_host}, {loop}: every rank timed out {took:.1f} s after the cut\n{out}")
