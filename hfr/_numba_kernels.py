@@ -1,7 +1,7 @@
 """The Numba reduce kernel: the same algorithm, tiles and bits as hfr/_kernels.pyx, for when it is not built.
 
 Terms (as in _kernels.pyx): k inputs x0..x(k-1); a block is the contiguous run of elements one thread
-owns; a tile is TILE elements of a block, folded over all k inputs while it stays in L1, so each input is
+owns; a tile is TILE elements of a block, folded over all k inputs while it stays in L2, so each input is
 read once and out written once. float16 and bfloat16 arrive viewed as uint16 and are widened to float32
 tile by tile (Numba has no float16 on the CPU), combined in float32 and rounded once, to nearest even.
 Numba's integer arithmetic wraps, as NumPy's does.
