@@ -38,9 +38,12 @@ kernels = Extension(
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 
+# Waits on the node's counters with the GIL released (hfr/engine.py falls back to Python polling).
+spin = Extension("hfr._spin", ["hfr/_spin.pyx"], extra_compile_args=["-O2"])
+
 setup(
     ext_modules=cythonize(
-        [kernels],
+        [kernels, spin],
         compiler_directives={
             "language_level": "3",
             "boundscheck": False,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine builds, checks and times, in one call (DESIGN.md, "On the GPU machine").
 #   bash bench/gpu_suite.sh check   # build in place, GPU tests, kernel benchmark (~4 min)
-#   bash bench/gpu_suite.sh bench   # allreduce on CuPy and NumPy arrays, n = 4 and 8; overlap (~8 min)
+#   bash bench/gpu_suite.sh bench   # allreduce on CuPy and NumPy arrays, n = 4 and 8; overlap (~4 min)
+#   bash bench/gpu_suite.sh torch   # torch tests, DDP step times, overlap, NumPy allreduce again (~5 min)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +40,21 @@ elif [ "$stage" = bench ]; then
   done
   log "overlap n=4"
   timeout 90 $MPIRUN -n 4 python3 -m mpi4py bench/overlap_perf.py --mib 186 2>&1 | tee "$out/overlap.txt"
+elif [ "$stage" = torch ]; then
+  log "torch tests"
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_torch.py 2>&1 | tail -5
+  log "DDP step times, 4 ranks sharing the GPU"
+  for comm in none hfr gloo; do
+    timeout 120 $MPIRUN -n 4 python3 -m mpi4py examples/ddp_train.py --comm $comm --device cuda --steps 40 \
+      --warmup 5 --hidden 4095 2>&1 | tail -1
+  done 2>&1 | tee "$out/ddp.txt"
+  for peers in numpy cupy; do
+    log "overlap n=4, peers $peers"
+    timeout 90 $MPIRUN -n 4 python3 -m mpi4py bench/overlap_perf.py --mib 186 --peers $peers 2>&1 | tee -a "$out/overlap.txt"
+  done
+  log "allreduce numpy n=4 (threaded copies)"
+  timeout 120 $MPIRUN -n 4 python3 -m mpi4py bench/allreduce_perf.py -b 186M -e 186M -f 1 -n 5 -w 2 \
+    --array numpy --backends hfr,mpi,gloo 2>/dev/null | tee "$out/numpy_n4.txt"
 else
   echo "unknown stage $stage: check or bench" >&2
   exit 2

@@ -18,17 +18,34 @@ def finished(token: Any) -> bool:
     return token is None or token.done
 
 
+def _copy_with_threads():
+    """copy(dst, src, threads): the Cython kernels' threaded copy, else NumPy's memcpy."""
+    try:
+        from ._kernels import parallel_copy
+
+        return parallel_copy
+    except ImportError:
+        return lambda dst, src, threads: np.copyto(dst, src)
+
+
 class HostCopies:
-    """NumPy arrays: a memcpy, finished when it returns."""
+    """NumPy arrays: a copy on `threads` threads, finished when it returns."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._copy = _copy_with_threads()
 
     def begin(self, ready: Any) -> None:
         pass
 
+    def wait(self, token: Any) -> None:
+        pass
+
     def to_segment(self, dst: np.ndarray, src: Any, start: int) -> None:
-        np.copyto(dst, src.view(np.uint8)[start : start + dst.size])
+        self._copy(dst, src.view(np.uint8)[start : start + dst.size], self.threads)
 
     def from_segment(self, dst: Any, start: int, src: np.ndarray) -> None:
-        np.copyto(dst.view(np.uint8)[start : start + src.size], src)
+        self._copy(dst.view(np.uint8)[start : start + src.size], src, self.threads)
 
 
 class CudaCopies:
@@ -48,6 +65,11 @@ class CudaCopies:
         if ready is not None:
             self.to_host.wait_event(ready)
             self.to_device.wait_event(ready)
+
+    def wait(self, token: Any) -> None:
+        """Block until the copy of token has finished (the GIL is released meanwhile)."""
+        if token is not None:
+            token.synchronize()
 
     def _copy(self, stream: Any, dst_ptr: int, src_ptr: int, nbytes: int, kind: int) -> Any:
         self._cupy.cuda.runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, kind, stream.ptr)

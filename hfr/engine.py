@@ -33,9 +33,14 @@ from .arrays import Array
 from .copies import CudaCopies, HostCopies, finished
 from .errors import HFRError, HFRTimeoutError, MismatchError
 from .ops import DTYPES, Op, accumulation_dtype, dtype_code, op_code
-from .shm import Segment
+from .shm import ROW_WORDS, Segment
 from .topology import Layout
 from .work import Work
+
+try:  # waits on the counters with the GIL released; Python polling where it is not built
+    from ._spin import all_reached as _spin_all_reached
+except ImportError:  # pragma: no cover - the extension is built by pip install
+    _spin_all_reached = None
 
 __all__ = ["Engine", "Call", "COLLECTIVES"]
 
@@ -46,6 +51,7 @@ DESCRIPTOR_WORDS = 8
 DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")
 COLLECTIVES = ("allreduce", "reduce", "broadcast")
 SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
+SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are retired again
 
 
 @dataclass
@@ -96,7 +102,7 @@ class Engine:
         self.broken: Optional[BaseException] = None
         self._chunks_done = 0
         self._calls_done = 0
-        self._host = HostCopies()
+        self._host = HostCopies(threads)
         self._cuda: Optional[CudaCopies] = None
         self._copies_out: deque = deque()  # (sequence number, token) of copies out not yet CONSUMED
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -181,8 +187,7 @@ class Engine:
                 self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out")
                 deposit(c)
             if c in pending_in:
-                self._wait(lambda: finished(pending_in[c]), f"{where}: the copy into the segment")
-                del pending_in[c]
+                copies.wait(pending_in.pop(c))  # our own copy: it finishes whatever the peers do
             self._publish(ARRIVED, g + 1)
             self._wait_all(ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in")
             self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out")
@@ -214,7 +219,8 @@ class Engine:
             self._retire_copies_out()
             if deposits and not into_result and c + STAGES < nchunks:
                 deposit(c + STAGES)
-        self._wait(lambda: not self._retire_copies_out(), f"{call.collective}: the copies back to finish")
+        while self._retire_copies_out():
+            copies.wait(self._copies_out[-1][1])  # copies out finish in order: the last one last
         self._chunks_done = base + nchunks
 
     def _copies(self, x: Array):
@@ -273,9 +279,15 @@ class Engine:
         return int(self.segment.control[:, column].min()) >= target
 
     def _wait_all(self, column: int, target: int, what: str) -> None:
-        if target > 0:
-            self._wait(lambda: self._all_reached(column, target), what,
-                       laggards=lambda: np.flatnonzero(self.segment.control[:, column] < target).tolist())
+        """Wait until every local rank's counter in column has reached target."""
+        if target <= 0:
+            return
+        spin = None
+        if _spin_all_reached is not None:
+            address, rows = self.segment.control.ctypes.data, self.layout.local_size
+            spin = lambda seconds: _spin_all_reached(address, ROW_WORDS, rows, column, target, seconds)  # noqa: E731
+        self._wait(lambda: self._all_reached(column, target), what, spin=spin,
+                   laggards=lambda: np.flatnonzero(self.segment.control[:, column] < target).tolist())
 
     def _complete(self, request: MPI.Request, what: str) -> None:
         self._wait(request.Test, what)
@@ -287,22 +299,26 @@ class Engine:
             self._publish(CONSUMED, g + 1)
         return bool(self._copies_out)
 
-    def _wait(self, ready: Callable[[], bool], what: str, laggards: Optional[Callable[[], list]] = None) -> None:
+    def _wait(self, ready: Callable[[], bool], what: str, laggards: Optional[Callable[[], list]] = None,
+              spin: Optional[Callable[[float], bool]] = None) -> None:
         """Poll ready() until it holds, keeping copies out retired; HFRTimeoutError after the timeout.
 
-        Polls yield the CPU at once, then sleep with a growing pause (ranks may share cores)."""
+        spin(seconds), where given, waits up to that long for the same condition with the GIL
+        released. Otherwise polls yield the CPU, then sleep with a growing pause (ranks may share
+        cores, and a sleep lets the caller's threads take the GIL)."""
         if ready():
             return
         deadline = time.monotonic() + self.timeout
         polls, pause = 0, 0.0
         while True:
             self._retire_copies_out()
-            if ready():
+            if ready() or (spin is not None and spin(SPIN_SLICE_S)):
+                self.segment.sync()
                 return
             polls += 1
-            if polls < 200:
+            if spin is None and polls < 20:
                 os.sched_yield()
-            else:
+            elif spin is None:
                 pause = min(max(pause * 2, 20e-6), 1e-3)
                 time.sleep(pause)
             if time.monotonic() > deadline:

@@ -1,0 +1,56 @@
+# cython: language_level=3
+"""Wait for the node's progress counters without holding the GIL.
+
+A Python polling loop takes the GIL back after every yield, and a thread waiting for the GIL (the
+caller's training loop, torch's autograd thread) then waits out the 5 ms switch interval each time.
+Here the spin runs with the GIL released: it reads one int64 word per local rank (acquire loads),
+yields the CPU between rounds, and after a while naps between rounds so idle ranks leave the cores
+to others.
+"""
+from libc.stdint cimport int64_t
+
+cdef extern from *:
+    """
+    #include <sched.h>
+    #include <time.h>
+    static inline long long hfr_load_acquire(const long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline double hfr_now(void) {
+        struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec;
+    }
+    static inline void hfr_nap(long ns) { struct timespec t = {0, ns}; nanosleep(&t, NULL); }
+    """
+    long long hfr_load_acquire(const long long *p) nogil
+    double hfr_now() nogil
+    void hfr_nap(long ns) nogil
+    int sched_yield() nogil
+
+cdef double SPIN_S = 200e-6  # yield between rounds this long, then nap
+cdef long NAP_NS = 20000
+
+
+def all_reached(size_t address, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t column,
+                int64_t target, double seconds) -> bool:
+    """True once word `column` of every row (rows of row_words int64 at address) is >= target;
+    False if `seconds` pass first. The GIL is released throughout."""
+    cdef const long long *words = <const long long *>address
+    cdef Py_ssize_t r
+    cdef bint reached = False
+    cdef double start, now
+    with nogil:
+        start = hfr_now()
+        while True:
+            reached = True
+            for r in range(rows):
+                if hfr_load_acquire(words + r * row_words + column) < target:
+                    reached = False
+                    break
+            if reached:
+                break
+            now = hfr_now()
+            if now - start > seconds:
+                break
+            if now - start < SPIN_S:
+                sched_yield()
+            else:
+                hfr_nap(NAP_NS)
+    return reached
