@@ -61,3 +61,12 @@ def broadcast(x: Any, root: int = 0) -> Any:
 
 def broadcast_async(x: Any, root: int = 0) -> Work:
     return default_communicator().broadcast_async(x, root)
+
+
+def __getattr__(name: str) -> Any:
+    """hfr.torch (the DDP hooks) on first use, so that `import hfr` never imports torch."""
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module("hfr.torch")
+    raise AttributeError(f"module 'hfr' has no attribute {name!r}")
