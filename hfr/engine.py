@@ -153,7 +153,7 @@ class Engine:
         nchunks = -(-x.size // chunk_elems)
         base = self._chunks_done
         align = SLICE_ALIGN_BYTES // itemsize
-        root_node, root_local = divmod(root, layout.local_size)
+        root_node = layout.rank_nodes[root]
         is_root = layout.rank == root
         # Who copies what where, for this collective.
         into_result = call.collective == "broadcast"  # the root's data goes straight to the result slot
@@ -167,12 +167,25 @@ class Engine:
         algo = self._algo_for(call) if layout.nnodes > 1 else None
         pending_in: dict[int, Any] = {}
 
+        # A host array's own slice is read by its owner straight from x: only the others are copied in.
+        own_slice_from_x = x.kind == "numpy" and not into_result
+
+        def bounds(c: int) -> tuple[int, int, int, int]:
+            """Chunk c's first element and count, and this rank's slice [lo, hi) within it."""
+            first = c * chunk_elems
+            count = min(chunk_elems, x.size - first)
+            return (first, count, *slice_bounds(count, layout.local_size, layout.local_rank, align))
+
         def deposit(c: int) -> None:
             g = base + c
-            start = c * self.chunk_bytes
-            nbytes = min(self.chunk_bytes, x.nbytes - start)
+            first, count, lo, hi = bounds(c)
+            start, nbytes = first * itemsize, count * itemsize
             dst = segment.result(g % STAGES) if into_result else segment.slot(g % STAGES, layout.local_rank)
-            pending_in[c] = copies.to_segment(dst[:nbytes], x.flat, start)
+            if own_slice_from_x:
+                copies.to_segment(dst[: lo * itemsize], x.flat, start)
+                pending_in[c] = copies.to_segment(dst[hi * itemsize : nbytes], x.flat, start + hi * itemsize)
+            else:
+                pending_in[c] = copies.to_segment(dst[:nbytes], x.flat, start)
 
         if deposits and not into_result:
             for c in range(min(STAGES, nchunks)):
@@ -180,8 +193,7 @@ class Engine:
         for c in range(nchunks):
             g = base + c
             stage = g % STAGES
-            first = c * chunk_elems
-            count = min(chunk_elems, x.size - first)
+            first, count, lo, hi = bounds(c)
             where = f"{call.collective} chunk {c + 1}/{nchunks}"
             if deposits and into_result:
                 self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out")
@@ -191,7 +203,6 @@ class Engine:
             self._publish(ARRIVED, g + 1)
             self._wait_all(ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in")
             self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out")
-            lo, hi = slice_bounds(count, layout.local_size, layout.local_rank, align)
             result = segment.result(stage)[lo * itemsize : hi * itemsize].view(x.dtype)
             deadline = time.monotonic() + self.timeout
             if call.collective == "broadcast":
@@ -200,6 +211,8 @@ class Engine:
             else:
                 inputs = [segment.slot(stage, j)[lo * itemsize : hi * itemsize].view(x.dtype)
                           for j in range(layout.local_size)]
+                if own_slice_from_x:
+                    inputs[layout.local_rank] = x.flat[first + lo : first + hi]
                 kernel_op = Op.SUM if call.op is Op.AVG else call.op
                 kernels.reduce_into(result, inputs, kernel_op, threads=self.threads)
                 if layout.nnodes > 1 and call.collective == "allreduce":

@@ -24,6 +24,7 @@ class Layout:
     node: int
     nnodes: int
     node_ranks: tuple  # global ranks of this node's ranks, by local rank
+    rank_nodes: tuple  # the node of every global rank
 
 
 def _requested_local_size(local_size: Optional[int]) -> Optional[int]:
@@ -74,7 +75,8 @@ def split(comm: MPI.Comm, local_size: Optional[int] = None) -> tuple[Layout, MPI
     leaders = sorted({f[0] for f in facts})
     node = leaders.index(leader)
     rail_comm = comm.Split(color=local_rank, key=node)
-    layout = Layout(rank, size, local_rank, local, node, len(leaders), tuple(node_comm.allgather(rank)))
+    rank_nodes = tuple(leaders.index(f[0]) for f in facts)
+    layout = Layout(rank, size, local_rank, local, node, len(leaders), tuple(node_comm.allgather(rank)), rank_nodes)
     return layout, node_comm, rail_comm
 
 
