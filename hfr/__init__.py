@@ -6,8 +6,12 @@ exit.
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from typing import Any, Optional
+
+# The kernels' OpenMP threads sleep between calls rather than spin: ranks share the host's cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .comm import Communicator
 from .errors import HFRError, HFRTimeoutError, MismatchError

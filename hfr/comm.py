@@ -55,7 +55,7 @@ class Communicator:
         self._engine: Optional[Engine] = None
         if self._layout.size > 1:
             self._engine = Engine(self._comm, self._layout, node_comm, rail_comm, chunk_bytes=chunk, timeout=wait,
-                                  threads=settings.threads(self._layout.local_size), algo=algo)
+                                  threads=settings.threads(self._layout.host_size), algo=algo)
         else:
             node_comm.Free()
             rail_comm.Free()

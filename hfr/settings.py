@@ -51,14 +51,14 @@ def timeout(value: Optional[float]) -> float:
     return t
 
 
-def threads(local_size: int) -> int:
+def threads(host_ranks: int) -> int:
     """Threads each rank's kernels use: HFR_NUM_THREADS, else its share of the host's cores."""
     env = os.environ.get("HFR_NUM_THREADS", "").strip()
     if env:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"HFR_NUM_THREADS={env!r} must be a positive integer")
         return int(env)
-    return max(1, (os.cpu_count() or 1) // local_size)
+    return max(1, (os.cpu_count() or 1) // host_ranks)
 
 
 def algo() -> str:

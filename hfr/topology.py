@@ -25,6 +25,7 @@ class Layout:
     nnodes: int
     node_ranks: tuple  # global ranks of this node's ranks, by local rank
     rank_nodes: tuple  # the node of every global rank
+    host_size: int  # ranks on this rank's host (more than local_size when nodes are emulated)
 
 
 def _requested_local_size(local_size: Optional[int]) -> Optional[int]:
@@ -59,6 +60,7 @@ def split(comm: MPI.Comm, local_size: Optional[int] = None) -> tuple[Layout, MPI
             node_comm = comm.Split(color=rank // wanted, key=rank)
         # An emulated node must lie within one host: check it on every rank, then decide together.
         spans_hosts = _group_not_within(node_comm, host)
+        host_size = host.Get_size()
     finally:
         host.Free()
     local_rank, local = node_comm.Get_rank(), node_comm.Get_size()
@@ -76,7 +78,8 @@ def split(comm: MPI.Comm, local_size: Optional[int] = None) -> tuple[Layout, MPI
     node = leaders.index(leader)
     rail_comm = comm.Split(color=local_rank, key=node)
     rank_nodes = tuple(leaders.index(f[0]) for f in facts)
-    layout = Layout(rank, size, local_rank, local, node, len(leaders), tuple(node_comm.allgather(rank)), rank_nodes)
+    layout = Layout(rank, size, local_rank, local, node, len(leaders), tuple(node_comm.allgather(rank)), rank_nodes,
+                    host_size)
     return layout, node_comm, rail_comm
 
 
