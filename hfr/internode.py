@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 import time
 from typing import Iterator, Optional, Sequence
 
@@ -190,11 +191,25 @@ def _drive(rail: MPI.Comm, flows: Sequence, deadline: Optional[float], what: str
             waits = "; ".join(w for flow in flows if not flow.done for w in flow.waiting_for())
             for flow in flows:
                 flow.abandon()
+            _SCRATCH.__dict__.pop("buffers", None)  # abandoned receives may still write there
             raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
         if now - last_progress < YIELD_POLL_S:
             os.sched_yield()
         else:
             time.sleep(POLL_SLEEP_S)
+
+
+_SCRATCH = threading.local()  # per thread: {key: uint8 buffer}, reused so no call pays page faults
+
+
+def _scratch(key: object, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """A scratch array of shape for `key` (a tree, the ring), reused by later calls on this thread."""
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    pool = _SCRATCH.__dict__.setdefault("buffers", {})
+    buffer = pool.get(key)
+    if buffer is None or buffer.size < nbytes:
+        buffer = pool[key] = np.empty(nbytes, np.uint8)
+    return buffer[:nbytes].view(dtype).reshape(shape)
 
 
 def _bytes(a: np.ndarray) -> list:
@@ -250,7 +265,7 @@ class _TreeFlow:
         self.child_sends: collections.deque = collections.deque()
         slot = max((stop - start for start, stop in self.blocks), default=0)
         slots = BLOCKS_IN_FLIGHT if up else 0
-        self.scratch = np.empty((slots, len(self.children), slot), buf.dtype)
+        self.scratch = _scratch(("tree", which), (slots, len(self.children), slot), buf.dtype)
 
     @property
     def is_root(self) -> bool:
@@ -355,7 +370,7 @@ def _ring_allreduce(rail, buf, op, block_bytes, threads) -> Iterator[tuple[list[
     def segment(k: int) -> np.ndarray:
         return buf[bounds[k % n]:bounds[k % n + 1]]
 
-    scratch = np.empty(max(bounds[k + 1] - bounds[k] for k in range(n)), buf.dtype)
+    scratch = _scratch("ring", (max(bounds[k + 1] - bounds[k] for k in range(n)),), buf.dtype)
     block = max(1, block_bytes // buf.itemsize)
 
     def exchange(send: np.ndarray, recv: np.ndarray) -> list[MPI.Request]:
