@@ -141,9 +141,7 @@ class Engine:
                 call.work._fail(error)
 
     def _run(self, call: Call) -> None:
-        self._agree(call)
-        if call.x.size == 0:
-            return
+        descriptor = self._announce(call)
         layout, segment = self.layout, self.segment
         x, out, root = call.x, call.out, call.root
         copies = self._copies(x)
@@ -190,6 +188,9 @@ class Engine:
         if deposits and not into_result:
             for c in range(min(STAGES, nchunks)):
                 deposit(c)
+        # The check waits for the node's ranks while our first copies run; so far nothing has left
+        # this rank's own slots, and nothing of the caller's has been written.
+        self._check(call, descriptor)
         for c in range(nchunks):
             g = base + c
             stage = g % STAGES
@@ -258,28 +259,32 @@ class Engine:
         return "dbtree"
 
     # --- agreement before any data moves ------------------------------------------------------
-    def _agree(self, call: Call) -> None:
-        """Raise MismatchError on every rank unless every rank made the same call."""
+    def _announce(self, call: Call) -> list[int]:
+        """Write this call's descriptor into our control row and say so; returns the descriptor."""
+        k = self._calls_done
+        column = DESCRIPTOR + DESCRIPTOR_WORDS * (k % 2)  # alternate rows: a fast rank never overwrites
+        mine = call.descriptor()                           # a row that a slow one still reads
+        self.segment.control[self.layout.local_rank, column : column + len(mine)] = mine
+        self._publish(ANNOUNCED, k + 1)
+        return mine
+
+    def _check(self, call: Call, mine: list[int]) -> None:
+        """Raise MismatchError on every rank unless every rank announced the same call."""
         k = self._calls_done
         column = DESCRIPTOR + DESCRIPTOR_WORDS * (k % 2)
-        mine = np.zeros(DESCRIPTOR_WORDS, np.int64)
-        mine[: len(DESCRIPTOR_FIELDS)] = call.descriptor()
-        control = self.segment.control
-        control[self.layout.local_rank, column : column + DESCRIPTOR_WORDS] = mine
-        self._publish(ANNOUNCED, k + 1)
         self._wait_all(ANNOUNCED, k + 1, f"{call.collective}: the node's ranks to make the call")
-        self.segment.sync()
-        rows = control[:, column : column + DESCRIPTOR_WORDS].copy()
+        rows = self.segment.control[:, column : column + len(mine)].tolist()  # plain ints: cheap
         self._calls_done = k + 1
-        differs = bool((rows != rows[0]).any())
+        differs = any(row != rows[0] for row in rows)
         if self.layout.nnodes > 1:
             # One small max-allreduce over the rail: any node that differs, or nodes that differ.
-            votes = np.concatenate(([int(differs)], rows[0], -rows[0]))
+            votes = np.array([int(differs), *rows[0], *(-v for v in rows[0])], np.int64)
             self._complete(self.rail_comm.Iallreduce(MPI.IN_PLACE, votes, op=MPI.MAX), "the call check")
-            differs = bool(votes[0]) or bool((votes[1 : 1 + DESCRIPTOR_WORDS] != -votes[1 + DESCRIPTOR_WORDS :]).any())
+            n = len(mine)
+            differs = bool(votes[0]) or bool((votes[1 : 1 + n] != -votes[1 + n :]).any())
         if differs:
-            table = np.empty((self.layout.size, DESCRIPTOR_WORDS), np.int64)
-            self._complete(self.comm.Iallgather(mine, table), "the call check")
+            table = np.empty((self.layout.size, len(mine)), np.int64)
+            self._complete(self.comm.Iallgather(np.array(mine, np.int64), table), "the call check")
             raise MismatchError(describe_mismatch(table))
 
     # --- waiting -------------------------------------------------------------------------------
@@ -329,7 +334,7 @@ class Engine:
                 self.segment.sync()
                 return
             polls += 1
-            if spin is None and polls < 20:
+            if spin is None and polls < 200:
                 os.sched_yield()
             elif spin is None:
                 pause = min(max(pause * 2, 20e-6), 1e-3)
