@@ -82,14 +82,15 @@ class Communicator:
     # --- collectives ---------------------------------------------------------------------------
     def allreduce(self, x: Any, op: OpLike = "sum", out: Any = None) -> Any:
         """Reduce x over all ranks; every rank gets the result, in x or in out. Returns it."""
-        return self.allreduce_async(x, op, out).wait()
+        return self._submit("allreduce", x, out, op, root=0, receives=True, inline=True).wait()
 
     def allreduce_async(self, x: Any, op: OpLike = "sum", out: Any = None) -> Work:
         return self._submit("allreduce", x, out, op, root=0, receives=True)
 
     def reduce(self, x: Any, root: int = 0, op: OpLike = "sum", out: Any = None) -> Any:
         """Reduce x over all ranks into x (or out) of rank root; the other ranks' arrays are untouched."""
-        return self.reduce_async(x, root, op, out).wait()
+        root = self._check_root(root)
+        return self._submit("reduce", x, out, op, root, receives=self.rank == root, inline=True).wait()
 
     def reduce_async(self, x: Any, root: int = 0, op: OpLike = "sum", out: Any = None) -> Work:
         root = self._check_root(root)
@@ -97,7 +98,8 @@ class Communicator:
 
     def broadcast(self, x: Any, root: int = 0) -> Any:
         """Copy x of rank root into x of every rank. Returns x."""
-        return self.broadcast_async(x, root).wait()
+        root = self._check_root(root)
+        return self._submit("broadcast", x, None, Op.SUM, root, receives=self.rank != root, inline=True).wait()
 
     def broadcast_async(self, x: Any, root: int = 0) -> Work:
         root = self._check_root(root)
@@ -137,7 +139,10 @@ class Communicator:
         if self.closed:
             raise HFRError("the communicator is closed")
 
-    def _submit(self, collective: str, x: Any, out: Any, op: OpLike, root: int, receives: bool) -> Work:
+    def _submit(self, collective: str, x: Any, out: Any, op: OpLike, root: int, receives: bool,
+                inline: bool = False) -> Work:
+        """Check the arguments, then hand the call to the engine (inline: the blocking forms, which
+        the engine may run on this thread)."""
         self._check_open()
         xa = inspect(x, "x", writable=receives and out is None)
         oa = xa if out is None else check_out(xa, out)
@@ -159,7 +164,7 @@ class Communicator:
         if self._engine.broken is not None:
             raise HFRError(f"rank {self.rank}: the communicator failed earlier and takes no more calls: "
                            f"{self._engine.broken}")
-        return self._engine.submit(Call(collective, xa, oa, op, root, _ready_event(xa), work))
+        return self._engine.submit(Call(collective, xa, oa, op, root, _ready_event(xa), work), inline=inline)
 
 
 def _current_cuda_device() -> Optional[int]:

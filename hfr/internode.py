@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
 from .errors import HFRTimeoutError
-from .kernels import KERNEL_OPS, reduce_into
+from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "choose_algo", "ALGOS", "TREE_GRANULE_BYTES",
@@ -304,7 +304,7 @@ class _TreeFlow:
             if self.children:
                 slots = self.scratch[self.combined % BLOCKS_IN_FLIGHT]
                 received = [slots[i, :len(block)] for i in range(len(self.children))]
-                reduce_into(block, [block, *received], self.op, threads=self.threads)
+                unchecked_reducer()(block, [block, *received], self.op, self.threads)
             if not self.is_root:
                 self.parent_sends.append(self.rail.Isend(_bytes(block), self.parent, _UP_TAG[self.which]))
             self.combined += 1
@@ -382,7 +382,7 @@ def _ring_allreduce(rail, buf, op, block_bytes, threads) -> Iterator[tuple[list[
         own = segment(rank - step - 1)
         received = scratch[:own.size]
         yield exchange(segment(rank - step), received), f"ring reduce-scatter step {step}: {peers}"
-        reduce_into(own, [own, received], op, threads=threads)
+        unchecked_reducer()(own, [own, received], op, threads)
     for step in range(n - 1):
         yield exchange(segment(rank + 1 - step), segment(rank - step)), f"ring allgather step {step}: {peers}"
 

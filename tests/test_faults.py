@@ -108,10 +108,13 @@ def test_mismatched_calls_raise_on_every_rank_and_the_next_call_works(local_size
 
 
 @pytest.mark.parametrize("local_size", [None, 1])
-def test_a_peer_that_never_calls_times_out(local_size):
-    env = {"FAULT_TIMEOUT": "3", **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
-    out = run_mpi(3, "faults_worker.py", "timeout", env=env, timeout=60).stdout
-    assert out.count("timed out as it should") == 2
+def test_a_peer_that_never_calls_times_out(local_size, tmp_path):
+    """The waiting ranks each leave a file once they have checked their error; how the launcher
+    then ends the job (the last rank never calls) is its business, as long as it ends."""
+    env = {"FAULT_TIMEOUT": "3", "FAULT_DIR": str(tmp_path),
+           **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
+    result = run_mpi(3, "faults_worker.py", "timeout", env=env, timeout=60, check=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.ok", "rank1.ok"], result.stdout
 
 
 def test_wait_with_a_timeout_leaves_the_call_running():
