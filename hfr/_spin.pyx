@@ -24,7 +24,7 @@ cdef extern from *:
     void hfr_nap(long ns) nogil
     int sched_yield() nogil
 
-cdef double SPIN_S = 200e-6  # yield between rounds this long, then nap
+cdef double SPIN_S = 2e-3  # yield between rounds this long (a chunk's copies take ~0.1-1 ms), then nap
 cdef long NAP_NS = 20000
 
 

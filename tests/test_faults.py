@@ -94,6 +94,8 @@ def test_bad_settings_are_named(monkeypatch):
         hfr.Communicator(MPI.COMM_SELF, timeout=-1)
     with pytest.raises(ValueError, match="local_size must be a positive integer"):
         hfr.Communicator(MPI.COMM_SELF, local_size=0)
+    with pytest.raises(ValueError, match="local_size 2 does not divide the 1 ranks into equal nodes"):
+        hfr.Communicator(MPI.COMM_SELF, local_size=2)
     monkeypatch.setenv("HFR_LOCAL_SIZE", "two")
     with pytest.raises(ValueError, match="HFR_LOCAL_SIZE='two'"):
         hfr.Communicator(MPI.COMM_SELF)
