@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 4
+# torch is optional for hfr; the tests of the DDP hook and the gloo peer of the benchmark need it.
+# 2.13.0 is the CPU build this project's machines keep on disk; `make TORCH_SPEC= test` goes without.
+TORCH_SPEC ?= torch==2.13.0
 BENCH_ARGS ?= -b 16 -e 64M -f 4 -n 10 -w 3 --table bench/out/allreduce_numpy.txt --plot bench/out/allreduce_numpy.png --json bench/out/allreduce_numpy.json
 
 .PHONY: setup test bench bench-kernels clean
@@ -14,6 +17,7 @@ $(VENV)/.installed: pyproject.toml setup.py hfr/_kernels.pyx hfr/_spin.pyx
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[mpich,test,bench]'
+	$(if $(TORCH_SPEC),$(PY) -m pip install -q '$(TORCH_SPEC)')
 	touch $@
 
 test: setup
@@ -27,4 +31,4 @@ bench-kernels: setup
 	$(PY) bench/kernels_perf.py
 
 clean:
-	rm -rf $(VENV) build hfr/_kernels.c hfr/*.so *.egg-info bench/out
+	rm -rf $(VENV) build hfr/*.c hfr/*.so *.egg-info bench/out

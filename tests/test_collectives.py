@@ -23,3 +23,10 @@ def test_large_array_many_chunks(nprocs, local_size):
     cfg = {"local_size": local_size, "chunk_bytes": [64 << 10, 4 << 20], "sizes": [(3 << 20) + 3],
            "dtypes": ["float32", "bfloat16", "int32"], "ops": ["sum", "avg", "max"], "collectives": ["allreduce"]}
     run_mpi(nprocs, "collectives_worker.py", json.dumps(cfg), timeout=240)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("local_size", [None, 1], ids=["one-node", "two-nodes"])
+def test_arrays_past_32_bit_counts_and_4_gib(local_size):
+    env = {"HFR_LOCAL_SIZE": str(local_size)} if local_size else {}
+    assert "large ok" in run_mpi(2, "large_worker.py", env=env, timeout=400).stdout
