@@ -7,13 +7,14 @@ slots in slot order into the result slot, then takes it through the inter-node s
 
 Ranks of a node synchronise through four monotonic **counters** in their control rows, each written
 only by its owner and read by the others ("I have done this step for chunks up to here"):
-  ANNOUNCED  calls whose descriptor I have written (checked by everyone before any data moves)
+  ANNOUNCED  calls whose descriptor I have written (checked by everyone before data leaves a rank)
   ARRIVED    chunks I have copied into my input slot
   REDUCED    chunks whose slice I own is final in the result slot
   CONSUMED   chunks I have copied out of the result slot
 A stage's input slots are reused once every rank has REDUCED the chunk that used them before, its
 result slot once every rank has CONSUMED it. So copies into the segment run ahead by up to STAGES
-chunks, while other chunks are reduced, travel and are copied back.
+chunks, while other chunks are reduced, travel and are copied back. A host (NumPy) array's owner reads
+its own slice straight from the array, so its slot holds only the slices the others need.
 """
 from __future__ import annotations
 
