@@ -121,6 +121,11 @@ comm = comms[0]
 xs = [make_input(np.dtype(np.float32), Op.SUM, 50000 + i, 1000 + i) for i in range(4)]
 refs = [expected(world.allgather(x), Op.SUM, x.dtype) for x in xs]
 works = [comm.allreduce_async(x) for x in xs]
+# A blocking call made while those are in flight queues behind them (it may not run on this thread).
+y = make_input(np.dtype(np.int32), Op.SUM, 1000, 2000)
+y_ref = expected(world.allgather(y), Op.SUM, y.dtype)
+assert np.array_equal(comm.allreduce(y), y_ref)
+assert all(w.done() for w in works)
 for w, x, ref in zip(works, xs, refs):
     assert w.wait(timeout=120) is x
     assert w.done()
