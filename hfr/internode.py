@@ -42,9 +42,10 @@ __all__ = ["allreduce", "reduce", "broadcast", "choose_algo", "ALGOS", "TREE_GRA
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "MPI_BELOW_BYTES"]
 
 ALGOS = ("dbtree", "ring", "mpi")
-TREE_GRANULE_BYTES = 256 * 1024  # fixed: changing it changes which tree sums which element
-DEFAULT_BLOCK_BYTES = 256 * 1024
-BLOCKS_IN_FLIGHT = 8  # per tree; 8 beat 4 by ~10% at 8-64 MiB (bench/RESULTS.md)
+TREE_GRANULE_BYTES = 1024 * 1024  # fixed: changing it changes which tree sums which element (1 MiB:
+# fewer Python steps per byte than 256 KiB, 1.5-2x faster at 64 MiB; arrays under 1 MiB use tree 0 alone)
+DEFAULT_BLOCK_BYTES = 1024 * 1024
+BLOCKS_IN_FLIGHT = 4  # per tree; with 1 MiB blocks 4 and 8 measured alike (bench/RESULTS.md)
 YIELD_POLL_S = 2e-3  # after progress stops: between polls, yield the CPU (sched_yield) this long ...
 POLL_SLEEP_S = 50e-6  # ... then sleep this long (time.sleep(0) would sleep ~50 us too: timer slack)
 
