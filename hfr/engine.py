@@ -187,6 +187,10 @@ class Engine:
 
         # A host array's own slice is read by its owner straight from x: only the others are copied in.
         own_slice_from_x = x.kind == "numpy" and not into_result
+        # With one rank a node, that rank's data is its node's sum: a host array's allreduce then works
+        # in out itself (two copies fewer), with the same bits.
+        straight_to_out = own_slice_from_x and layout.local_size == 1 and call.collective == "allreduce"
+        copies_out = copies_out and not straight_to_out
 
         def bounds(c: int) -> tuple[int, int, int, int]:
             """Chunk c's first element and count, and this rank's slice [lo, hi) within it."""
@@ -224,7 +228,10 @@ class Engine:
             self._publish(ARRIVED, g + 1)
             self._wait_all(ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in")
             self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out")
-            result = segment.result(stage)[lo * itemsize : hi * itemsize].view(x.dtype)
+            if straight_to_out:
+                result = out.flat[first : first + count]
+            else:
+                result = segment.result(stage)[lo * itemsize : hi * itemsize].view(x.dtype)
             deadline = time.monotonic() + self.timeout
             if call.collective == "broadcast":
                 if layout.nnodes > 1:
@@ -235,7 +242,8 @@ class Engine:
                 if own_slice_from_x:
                     inputs[layout.local_rank] = x.flat[first + lo : first + hi]
                 kernel_op = Op.SUM if call.op is Op.AVG else call.op
-                self._reduce(result, inputs, kernel_op, self.threads)
+                if not (straight_to_out and out.address == x.address):
+                    self._reduce(result, inputs, kernel_op, self.threads)
                 if layout.nnodes > 1 and call.collective == "allreduce":
                     internode.allreduce(self.rail_comm, result, first + lo, kernel_op, algo=algo,
                                         deadline=deadline, threads=self.threads)
