@@ -20,3 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _have_gpu(), reason="needs
 def test_cupy_arrays(nprocs, local_size):
     env = {"HFR_LOCAL_SIZE": str(local_size)} if local_size else {}
     assert "cupy ok" in run_mpi(nprocs, "cupy_worker.py", env=env, timeout=300).stdout
+
+
+def test_ten_thousand_cupy_calls_leave_memory_fds_shm_and_gpu_memory_flat():
+    assert "flat after 10000 cupy calls" in run_mpi(2, "leak_worker.py", "10000", "cupy", timeout=300).stdout

@@ -138,7 +138,7 @@ def test_a_killed_peer_ends_the_job_and_leaves_no_hfr_segment():
 
 @pytest.mark.slow
 def test_ten_thousand_calls_leave_memory_fds_and_shm_flat():
-    assert "flat after 10000 calls" in run_mpi(2, "leak_worker.py", "10000", timeout=300).stdout
+    assert "flat after 10000 numpy calls" in run_mpi(2, "leak_worker.py", "10000", timeout=300).stdout
 
 
 def test_hypothesis_properties_across_two_ranks():
