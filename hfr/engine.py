@@ -212,9 +212,11 @@ class Engine:
         if deposits and not into_result:
             for c in range(min(STAGES, nchunks)):
                 deposit(c)
-        # The check waits for the node's ranks while our first copies run; so far nothing has left
-        # this rank's own slots, and nothing of the caller's has been written.
-        self._check(call, descriptor)
+        # The check waits for the node's ranks while our first copies run; it is settled before
+        # chunk 0 leaves this rank's own slots or reaches the caller's arrays.
+        settle = self._check(call, descriptor)
+        if nchunks == 0:
+            settle()
         for c in range(nchunks):
             g = base + c
             stage = g % STAGES
@@ -228,6 +230,8 @@ class Engine:
             self._publish(ARRIVED, g + 1)
             self._wait_all(ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in")
             self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out")
+            if c == 0:
+                settle()
             if straight_to_out:
                 result = out.flat[first : first + count]
             else:
@@ -296,24 +300,37 @@ class Engine:
         self._publish(ANNOUNCED, k + 1)
         return mine
 
-    def _check(self, call: Call, mine: list[int]) -> None:
-        """Raise MismatchError on every rank unless every rank announced the same call."""
+    def _check(self, call: Call, mine: list[int]) -> Callable[[], None]:
+        """Start checking that every rank announced the same call. Returns settle(), which raises
+        MismatchError on every rank unless they did: call it once, before anything leaves this rank
+        or reaches the caller's arrays. Across nodes settle() completes a small vote on the rail,
+        which meanwhile overlaps the node's first copies and waits."""
         k = self._calls_done
         column = DESCRIPTOR + DESCRIPTOR_WORDS * (k % 2)
         self._wait_all(ANNOUNCED, k + 1, f"{call.collective}: the node's ranks to make the call")
         rows = self.segment.control[:, column : column + len(mine)].tolist()  # plain ints: cheap
         self._calls_done = k + 1
         differs = any(row != rows[0] for row in rows)
+        votes, vote = None, None
         if self.layout.nnodes > 1:
             # One small max-allreduce over the rail: any node that differs, or nodes that differ.
             votes = np.array([int(differs), *rows[0], *(-v for v in rows[0])], np.int64)
-            self._complete(self.rail_comm.Iallreduce(MPI.IN_PLACE, votes, op=MPI.MAX), "the call check")
-            n = len(mine)
-            differs = bool(votes[0]) or bool((votes[1 : 1 + n] != -votes[1 + n :]).any())
-        if differs:
-            table = np.empty((self.layout.size, len(mine)), np.int64)
-            self._complete(self.comm.Iallgather(np.array(mine, np.int64), table), "the call check")
-            raise MismatchError(describe_mismatch(table))
+            vote = self.rail_comm.Iallreduce(MPI.IN_PLACE, votes, op=MPI.MAX)
+
+        def settle() -> None:
+            mismatch = differs
+            if vote is not None:
+                self._complete(vote, "the call check")
+                n = len(mine)
+                mismatch = bool(votes[0]) or bool((votes[1 : 1 + n] != -votes[1 + n :]).any())
+            if mismatch:
+                table = np.empty((self.layout.size, len(mine)), np.int64)
+                self._complete(self.comm.Iallgather(np.array(mine, np.int64), table), "the call check")
+                raise MismatchError(describe_mismatch(table))
+
+        if differs:  # this node's ranks disagree on the chunks to come: settle before any chunk wait
+            settle()
+        return settle
 
     # --- waiting -------------------------------------------------------------------------------
     def _publish(self, column: int, value: int) -> None:
