@@ -347,8 +347,10 @@ class Engine:
             return
         spin = None
         if _spin_all_reached is not None:
-            address, rows = self.segment.control.ctypes.data, self.layout.local_size
+            address, rows = self.segment.control_address, self.layout.local_size
             spin = lambda seconds: _spin_all_reached(address, ROW_WORDS, rows, column, target, seconds)  # noqa: E731
+            if spin(0.0):  # already there (the common case): one look, in C
+                return
         self._wait(lambda: self._all_reached(column, target), what, spin=spin,
                    laggards=lambda: np.flatnonzero(self.segment.control[:, column] < target).tolist())
 

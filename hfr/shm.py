@@ -37,6 +37,7 @@ class Segment:
         buf, _ = self._win.Shared_query(0)
         self.memory = np.frombuffer(buf, dtype=np.uint8, count=total)
         self.control = self.memory[: self.local_size * ROW_WORDS * 8].view(np.int64).reshape(self.local_size, ROW_WORDS)
+        self.control_address = self.control.ctypes.data
         self._data = control_bytes
         # A passive epoch for the window's lifetime, so that sync() (MPI_Win_sync) orders our stores
         # and loads against the other ranks' on any CPU, not only on x86.
