@@ -260,7 +260,7 @@ class Engine:
             self._wait_all(REDUCED, g + 1, f"{where}: the node's ranks to finish their slices")
             token = None
             if copies_out:
-                token = copies.from_segment(out.flat, c * self.chunk_bytes, segment.result(stage)[: count * itemsize])
+                token = copies.from_segment(out.flat, first * itemsize, segment.result(stage)[: count * itemsize])
             self._copies_out.append((g, token))
             self._retire_copies_out()
             if deposits and not into_result and c + STAGES < nchunks:
@@ -291,13 +291,16 @@ class Engine:
         return "dbtree"
 
     # --- agreement before any data moves ------------------------------------------------------
+    def _descriptor_column(self) -> int:
+        """Where the current call's descriptors go: calls alternate between two rows, so a fast rank
+        never overwrites a row that a slow one still reads."""
+        return DESCRIPTOR + DESCRIPTOR_WORDS * (self._calls_done % 2)
+
     def _announce(self, call: Call) -> list[int]:
         """Write this call's descriptor into our control row and say so; returns the descriptor."""
-        k = self._calls_done
-        column = DESCRIPTOR + DESCRIPTOR_WORDS * (k % 2)  # alternate rows: a fast rank never overwrites
-        mine = call.descriptor()                           # a row that a slow one still reads
+        column, mine = self._descriptor_column(), call.descriptor()
         self.segment.control[self.layout.local_rank, column : column + len(mine)] = mine
-        self._publish(ANNOUNCED, k + 1)
+        self._publish(ANNOUNCED, self._calls_done + 1)
         return mine
 
     def _check(self, call: Call, mine: list[int]) -> Callable[[], None]:
@@ -305,11 +308,10 @@ class Engine:
         MismatchError on every rank unless they did: call it once, before anything leaves this rank
         or reaches the caller's arrays. Across nodes settle() completes a small vote on the rail,
         which meanwhile overlaps the node's first copies and waits."""
-        k = self._calls_done
-        column = DESCRIPTOR + DESCRIPTOR_WORDS * (k % 2)
-        self._wait_all(ANNOUNCED, k + 1, f"{call.collective}: the node's ranks to make the call")
+        column = self._descriptor_column()
+        self._wait_all(ANNOUNCED, self._calls_done + 1, f"{call.collective}: the node's ranks to make the call")
         rows = self.segment.control[:, column : column + len(mine)].tolist()  # plain ints: cheap
-        self._calls_done = k + 1
+        self._calls_done += 1
         differs = any(row != rows[0] for row in rows)
         votes, vote = None, None
         if self.layout.nnodes > 1:

@@ -256,6 +256,7 @@ class _TreeFlow:
 
     def __init__(self, rail, buf, which, node: Node, first, op, block_bytes, threads, *, up, down):
         self.rail, self.buf, self.which, self.op, self.threads = rail, buf, which, op, threads
+        self.reduce = unchecked_reducer()  # resolved once a call, not once a block
         self.parent, self.children = node
         self.up, self.down = up, down
         self.blocks = _tree_blocks(first, buf.size, buf.itemsize, which, block_bytes)
@@ -305,7 +306,7 @@ class _TreeFlow:
             if self.children:
                 slots = self.scratch[self.combined % BLOCKS_IN_FLIGHT]
                 received = [slots[i, :len(block)] for i in range(len(self.children))]
-                unchecked_reducer()(block, [block, *received], self.op, self.threads)
+                self.reduce(block, [block, *received], self.op, self.threads)
             if not self.is_root:
                 self.parent_sends.append(self.rail.Isend(_bytes(block), self.parent, _UP_TAG[self.which]))
             self.combined += 1
@@ -373,6 +374,7 @@ def _ring_allreduce(rail, buf, op, block_bytes, threads) -> Iterator[tuple[list[
 
     scratch = _scratch("ring", (max(bounds[k + 1] - bounds[k] for k in range(n)),), buf.dtype)
     block = max(1, block_bytes // buf.itemsize)
+    combine = unchecked_reducer()
 
     def exchange(send: np.ndarray, recv: np.ndarray) -> list[MPI.Request]:
         sends = [rail.Isend(_bytes(send[i:i + block]), right, _RING_TAG) for i in range(0, send.size, block)]
@@ -383,7 +385,7 @@ def _ring_allreduce(rail, buf, op, block_bytes, threads) -> Iterator[tuple[list[
         own = segment(rank - step - 1)
         received = scratch[:own.size]
         yield exchange(segment(rank - step), received), f"ring reduce-scatter step {step}: {peers}"
-        unchecked_reducer()(own, [own, received], op, threads)
+        combine(own, [own, received], op, threads)
     for step in range(n - 1):
         yield exchange(segment(rank + 1 - step), segment(rank - step)), f"ring allgather step {step}: {peers}"
 
