@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Everything the GPU machine builds, checks and times, one stage a call (DESIGN.md, "On the GPU machine").
-#   bash bench/gpu_suite.sh check      # build in place, GPU/torch/collective tests, kernel benchmark (~4 min)
-#   bash bench/gpu_suite.sh bench      # allreduce on CuPy and NumPy arrays, n = 4 and 8; overlap (~5 min)
-#   bash bench/gpu_suite.sh torch      # DDP step times: no communication, hfr's hook, gloo (~2 min)
-#   bash bench/gpu_suite.sh internode  # the tree step alone and the allreduce on 4 and 8 emulated nodes (~4 min)
+# Everything the GPU machine builds, checks and times, by stages (DESIGN.md, "On the GPU machine"); one
+# call may run several (`bash bench/gpu_suite.sh overlap torch`) within the device's 10 minutes a command.
+#   check      build in place, GPU/torch/collective tests, kernel benchmark (~4 min)
+#   bench      allreduce on CuPy and NumPy arrays, n = 4 and 8 (~4 min)
+#   overlap    matrix products beside hfr's allreduce and beside plain copies (~1.5 min)
+#   torch      DDP step times (no communication, hfr's hook, gloo) and where a step's time goes (~3 min)
+#   internode  the tree step alone and the allreduce on 4 and 8 emulated nodes (~4 min)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:-check}
+stages=("${@:-check}")
 out=${OUT:-bench/out/gpu}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -24,6 +26,7 @@ log "build"
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -3
 python3 -c "import hfr, hfr.kernels as k, cupy, mpi4py.MPI as M; print('backends', k.available_backends(), 'cupy', cupy.__version__, M.Get_library_version().splitlines()[0]); print(cupy.cuda.runtime.getDeviceCount(), 'GPU(s)'); import os; print(os.cpu_count(), 'cores')"
 
+for stage in "${stages[@]}"; do
 case "$stage" in
 check)
   log "tests: kernels, cupy, torch, collectives"
@@ -45,6 +48,8 @@ bench)
     log "allreduce numpy n=$n, 186 MiB"
     perf $n -b 186M -e 186M -f 1 -n 5 -w 2 --array numpy --backends hfr,mpi,gloo | tee "$out/numpy_n$n.txt"
   done
+  ;;
+overlap)
   for peers in numpy cupy; do
     log "overlap n=4, peers $peers"
     timeout 90 $MPIRUN -n 4 python3 -m mpi4py bench/overlap_perf.py --mib 186 --peers $peers 2>&1 \
@@ -57,6 +62,9 @@ torch)
     timeout 120 $MPIRUN -n 4 python3 -m mpi4py examples/ddp_train.py --comm $comm --device cuda --steps 40 \
       --warmup 5 --hidden 4095 2>&1 | grep "^comm"
   done | tee "$out/ddp.txt"
+  log "where a DDP step's time goes, 4 ranks sharing the GPU"
+  timeout 150 $MPIRUN -n 4 python3 -m mpi4py bench/ddp_trace.py --device cuda --hidden 4095 2>&1 \
+    | tee "$out/ddp_trace.txt"
   ;;
 internode)
   for n in 4 8; do
@@ -69,8 +77,9 @@ internode)
   done
   ;;
 *)
-  echo "unknown stage $stage: check, bench, torch or internode" >&2
+  echo "unknown stage $stage: check, bench, overlap, torch or internode" >&2
   exit 2
   ;;
 esac
+done
 log "done"
