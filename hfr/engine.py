@@ -281,14 +281,10 @@ class Engine:
         return self._cuda
 
     def _algo_for(self, call: Call) -> str:
-        """HFR_ALGO, or by size for integers (any order of combining gives their bits). Floats always
-        take dbtree: its bits do not depend on the chunks, and it propagates NaN through max and min
-        (MPI's MAX and MIN do not)."""
+        """HFR_ALGO, or by the call's size and dtype (internode.choose_algo)."""
         if self.algo != "auto":
             return self.algo
-        if call.x.dtype.kind in "iu":
-            return internode.choose_algo(call.x.nbytes, self.layout.nnodes)
-        return "dbtree"
+        return internode.choose_algo(call.x.nbytes, self.layout.nnodes, call.x.dtype)
 
     # --- agreement before any data moves ------------------------------------------------------
     def _descriptor_column(self) -> int:

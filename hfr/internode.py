@@ -16,7 +16,10 @@ root's bits, which depend only on the number of nodes, the dtype, the op and the
 reduce runs the up phase only, broadcast the down phase only, both on the trees rooted at `root`.
 
 ring is reduce-scatter then allgather around the rail (n-1 steps each) over n equal *segments* of the
-slice; mpi is MPI's own (I)allreduce, with a user-defined op for float16 and bfloat16.
+slice; mpi is MPI's own (I)allreduce, with a user-defined op for float16 and bfloat16. gather is one
+MPI (I)allgather of every rank's slice, after which each rank combines the n slices itself in rail-rank
+order: one collective instead of a tree's 2 x depth hops, for small slices (it moves n x the slice);
+every rank computes the same sum in the same order, so its bits depend on the data alone too.
 
 Messages are raw bytes (a uint8 view), matched in posting order (MPI does not let messages between two
 ranks with one tag overtake each other), one tag per (tree, phase). No wait blocks inside MPI: requests
@@ -25,6 +28,7 @@ are polled, yielding the CPU between polls, until done or past the caller's dead
 from __future__ import annotations
 
 import collections
+import math
 import os
 import threading
 import time
@@ -39,9 +43,9 @@ from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "choose_algo", "ALGOS", "TREE_GRANULE_BYTES",
-           "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "MPI_BELOW_BYTES"]
+           "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "MPI_BELOW_BYTES", "GATHER_BELOW_BYTES"]
 
-ALGOS = ("dbtree", "ring", "mpi")
+ALGOS = ("dbtree", "ring", "mpi", "gather")
 TREE_GRANULE_BYTES = 1024 * 1024  # fixed: changing it changes which tree sums which element (1 MiB:
 # fewer Python steps per byte than 256 KiB, 1.5-2x faster at 64 MiB; arrays under 1 MiB use tree 0 alone)
 DEFAULT_BLOCK_BYTES = 1024 * 1024
@@ -69,8 +73,8 @@ def allreduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, *, algo: str 
         return
     if algo == "mpi":
         flows = [_Sequence(_mpi_allreduce(rail, buf, op))]
-    elif algo == "ring":
-        flows = [_Sequence(_ring_allreduce(rail, buf, op, block_bytes, threads))]
+    elif algo in ("ring", "gather"):
+        flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
     else:
         rank, n = rail.Get_rank(), rail.Get_size()
         flows = [_TreeFlow(rail, buf, which, parent_children(rank, n, which), first, op, block_bytes, threads,
@@ -82,14 +86,14 @@ def reduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, root: int, *, al
            block_bytes: int = DEFAULT_BLOCK_BYTES, deadline: Optional[float] = None, threads: int = 1) -> None:
     """buf on rail rank `root` = the op-reduction of buf over all rail ranks; other ranks' buf: unspecified.
 
-    algo "ring" runs the ring allreduce (every rank gets the result)."""
+    algos "ring" and "gather" run their allreduce (every rank gets the result)."""
     op = _check(rail, buf, first, op, algo, block_bytes, root)
     if rail.Get_size() == 1 or buf.size == 0:
         return
     if algo == "mpi":
         flows = [_Sequence(_mpi_reduce(rail, buf, op, root))]
-    elif algo == "ring":
-        flows = [_Sequence(_ring_allreduce(rail, buf, op, block_bytes, threads))]
+    elif algo in ("ring", "gather"):
+        flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
     else:
         flows = _rooted_flows(rail, buf, first, op, root, block_bytes, threads, up=True, down=False)
     _drive(rail, flows, deadline, f"reduce to {root} ({algo})")
@@ -106,20 +110,25 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
 
 
 MPI_BELOW_BYTES = 512 * 1024
+GATHER_BELOW_BYTES = 1024 * 1024
 
 
-def choose_algo(nbytes: int, nnodes: int) -> str:
-    """The algo for an allreduce of nbytes per rail rank over nnodes nodes.
+def choose_algo(nbytes: int, nnodes: int, dtype: np.dtype) -> str:
+    """The algo for an allreduce of an array of nbytes and dtype over nnodes nodes (chosen by the
+    call's size, never a chunk's: every chunk of a call takes the same algo).
 
-    Measured (bench/RESULTS.md, 4 ranks on one 16-core host, Open MPI 4.1.6): below 512 KiB "mpi"
-    (polled Iallreduce, 12-110 us) beats dbtree (95-240 us: four Python hops); from 512 KiB dbtree.
-    ring beat dbtree by up to 1.3x between 512 KiB and 16 MiB but is never chosen: like mpi, its bits
-    for float sums depend on where the caller cuts the array; only dbtree's do not. A caller that needs
-    bits independent of its chunk size for a float sum or product must use dbtree at every size.
+    Measured (bench/RESULTS.md; 4 ranks on one 16-core host, Open MPI 4.1.6, and the 2-core dev VM):
+    for integers, below 512 KiB "mpi" (polled Iallreduce, 12-110 us) beats dbtree (95-240 us: four
+    Python hops); from 512 KiB dbtree. Float sums and products take only algos whose bits do not depend
+    on where the caller cuts its array (mpi's and ring's do): gather while the n slices it gathers stay
+    small (nnodes x nbytes <= 1 MiB; one collective, 2x faster than dbtree there), else dbtree.
+    ring beat dbtree by up to 1.3x between 512 KiB and 16 MiB but is never chosen, for the same reason.
     """
     if nnodes <= 1:
         return "dbtree"  # nothing moves
-    return "mpi" if nbytes < MPI_BELOW_BYTES else "dbtree"
+    if np.dtype(dtype).kind in "iu":
+        return "mpi" if nbytes < MPI_BELOW_BYTES else "dbtree"
+    return "gather" if nnodes * nbytes <= GATHER_BELOW_BYTES else "dbtree"
 
 
 # ---------------------------------------------------------------------------------------- arguments
@@ -205,7 +214,7 @@ _SCRATCH = threading.local()  # per thread: {key: uint8 buffer}, reused so no ca
 
 def _scratch(key: object, shape: tuple, dtype: np.dtype) -> np.ndarray:
     """A scratch array of shape for `key` (a tree, the ring), reused by later calls on this thread."""
-    nbytes = int(np.prod(shape)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     pool = _SCRATCH.__dict__.setdefault("buffers", {})
     buffer = pool.get(key)
     if buffer is None or buffer.size < nbytes:
@@ -358,6 +367,23 @@ class _TreeFlow:
         for req in receives:
             req.Cancel()
         _ABANDONED.extend(receives + [r for reqs in self.child_sends for r in reqs] + list(self.parent_sends))
+
+
+def _all_ranks_flow(rail, buf, op, algo, block_bytes, threads) -> _Sequence:
+    """The flow of an algo whose every rank ends with the result: ring or gather."""
+    if algo == "ring":
+        return _Sequence(_ring_allreduce(rail, buf, op, block_bytes, threads))
+    return _Sequence(_gather_allreduce(rail, buf, op, threads))
+
+
+# ---------------------------------------------------------------------------------------- gather
+
+
+def _gather_allreduce(rail, buf, op, threads) -> Iterator[tuple[list[MPI.Request], str]]:
+    """Gather every rank's slice, then combine them in rail-rank order, the same on every rank."""
+    gathered = _scratch("gather", (rail.Get_size(), buf.size), buf.dtype)
+    yield [rail.Iallgather(_bytes(buf), _bytes(gathered))], "MPI's Iallgather (some rail rank has not joined it)"
+    unchecked_reducer()(buf, list(gathered), op, threads)
 
 
 # ---------------------------------------------------------------------------------------- ring

@@ -7,6 +7,7 @@ as np.maximum and np.minimum do.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -56,6 +57,11 @@ def _load(backend: str) -> Optional[ReduceFn]:
 def available_backends() -> list[str]:
     """The backends that work in this process, fastest first."""
     return [b for b in BACKENDS if _load(b) is not None]
+
+
+@functools.cache
+def _fastest_backend() -> str:
+    return available_backends()[0]
 
 
 def _flat(a: np.ndarray, what: str) -> np.ndarray:
@@ -124,7 +130,7 @@ def unchecked_reducer(backend: Optional[str] = None) -> ReduceFn:
 def _choose(backend: Optional[str]) -> ReduceFn:
     import os
 
-    name = backend or os.environ.get("HFR_KERNEL") or available_backends()[0]
+    name = backend or os.environ.get("HFR_KERNEL") or _fastest_backend()
     if name not in BACKENDS:
         raise ValueError(f"unknown kernel backend {name!r}: expected one of {list(BACKENDS)}")
     fn = _load(name)

@@ -10,7 +10,7 @@ __all__ = ["chunk_bytes", "timeout", "threads", "algo", "DEFAULT_CHUNK_BYTES", "
 DEFAULT_CHUNK_BYTES = 4 << 20
 DEFAULT_TIMEOUT = 300.0  # seconds a rank waits for a peer before HFRTimeoutError
 CHUNK_ALIGN = 4096
-ALGOS = ("auto", "dbtree", "ring", "mpi")
+ALGOS = ("auto", "dbtree", "ring", "mpi", "gather")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 

@@ -5,7 +5,9 @@ import time
 
 import pytest
 
-from hfr.internode import ALGOS, MPI_BELOW_BYTES, choose_algo
+import numpy as np
+
+from hfr.internode import ALGOS, GATHER_BELOW_BYTES, MPI_BELOW_BYTES, choose_algo
 from tests.mpirun import run_mpi
 
 
@@ -13,7 +15,7 @@ from tests.mpirun import run_mpi
 def test_every_algo_dtype_op_size_and_root(nranks):
     out = run_mpi(nranks, "internode_worker.py", "check", timeout=120).stdout
     assert "OK allreduce" in out
-    assert "OK dbtree bits independent of block_bytes and cuts" in out
+    assert "OK dbtree and gather bits independent of block_bytes and cuts" in out
     assert "OK reduce and broadcast from every root" in out
 
 
@@ -21,11 +23,15 @@ def test_dead_peer_times_out_naming_it():
     start = time.monotonic()
     out = run_mpi(2, "internode_worker.py", "dead_peer", timeout=60, check=False).stdout
     assert "OK dead peer" in out, out
-    for algo in ("dbtree", "ring", "mpi"):
+    for algo in ("dbtree", "ring", "mpi", "gather"):
         assert f"OK {algo} timed out" in out, out
     assert time.monotonic() - start < 30
 
 
 def test_choose_algo():
-    assert choose_algo(8, 4) == "mpi" and choose_algo(MPI_BELOW_BYTES, 4) == "dbtree"
-    assert all(choose_algo(1 << k, n) in ALGOS for k in range(40) for n in (1, 2, 3, 64))
+    i32, f32 = np.dtype(np.int32), np.dtype(np.float32)
+    assert choose_algo(8, 4, i32) == "mpi" and choose_algo(MPI_BELOW_BYTES, 4, i32) == "dbtree"
+    assert choose_algo(8, 4, f32) == "gather" and choose_algo(GATHER_BELOW_BYTES // 4 + 4, 4, f32) == "dbtree"
+    # floats never take an algo whose bits depend on the cuts
+    assert all(choose_algo(1 << k, n, f32) in ("dbtree", "gather") for k in range(40) for n in (1, 2, 3, 64))
+    assert all(choose_algo(1 << k, n, i32) in ALGOS for k in range(40) for n in (1, 2, 3, 64))

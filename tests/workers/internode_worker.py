@@ -1,7 +1,7 @@
 """Checks of hfr.internode on COMM_WORLD as the rail; run by tests/test_internode.py under mpiexec.
 
     internode_worker.py check      every algo, dtype, op and size; reduce and broadcast to every root;
-                                   dbtree bits independent of block_bytes and of how the array is cut
+                                   dbtree's and gather's bits independent of blocks and of how the array is cut
     internode_worker.py dead_peer  2 ranks, rank 1 never calls: rank 0 must time out, naming rank 1
 
 Every rank makes every rank's input from a seed (rank, case), so each computes the expected result
@@ -95,27 +95,29 @@ def check_allreduce() -> None:
         print(f"OK allreduce: {case} cases")
 
 
-def check_dbtree_bits_do_not_depend_on_cuts() -> None:
-    """A float16 sum spanning several granules, with an odd first: same bits for any blocks and cuts."""
+def check_bits_do_not_depend_on_cuts() -> None:
+    """A float16 sum spanning several granules, with an odd first: dbtree and gather give the same bits
+    for any blocks and cuts."""
     dtype, first = np.dtype(np.float16), 12_345
     granule = internode.TREE_GRANULE_BYTES // dtype.itemsize
     size = 3 * granule + 777
     data = make_input(RANK, dtype, Op.SUM, size, 1000)
-    whole = data.copy()
-    internode.allreduce(COMM, whole, first, Op.SUM, deadline=deadline())
-    check_close(whole, expected(dtype, Op.SUM, size, 1000), dtype, Op.SUM, "dbtree float16 several granules")
-    check_same_everywhere(whole, "dbtree float16 several granules")
-    for block_bytes in (1002, (64 << 10) + 2, 1 << 20):
-        buf = data.copy()
-        internode.allreduce(COMM, buf, first, Op.SUM, block_bytes=block_bytes, deadline=deadline())
-        assert digest(buf) == digest(whole), f"dbtree bits change with block_bytes {block_bytes}"
-    for cuts in ([granule // 2], [1, 2, granule + 5], [size // 3, 2 * size // 3, size - 1]):
-        buf = data.copy()
-        for start, stop in zip([0, *cuts], [*cuts, size]):
-            internode.allreduce(COMM, buf[start:stop], first + start, Op.SUM, deadline=deadline())
-        assert digest(buf) == digest(whole), f"dbtree bits change when cut at {cuts}"
+    for algo in ("dbtree", "gather"):
+        whole = data.copy()
+        internode.allreduce(COMM, whole, first, Op.SUM, algo=algo, deadline=deadline())
+        check_close(whole, expected(dtype, Op.SUM, size, 1000), dtype, Op.SUM, f"{algo} float16 several granules")
+        check_same_everywhere(whole, f"{algo} float16 several granules")
+        for block_bytes in (1002, (64 << 10) + 2, 1 << 20):
+            buf = data.copy()
+            internode.allreduce(COMM, buf, first, Op.SUM, algo=algo, block_bytes=block_bytes, deadline=deadline())
+            assert digest(buf) == digest(whole), f"{algo} bits change with block_bytes {block_bytes}"
+        for cuts in ([granule // 2], [1, 2, granule + 5], [size // 3, 2 * size // 3, size - 1]):
+            buf = data.copy()
+            for start, stop in zip([0, *cuts], [*cuts, size]):
+                internode.allreduce(COMM, buf[start:stop], first + start, Op.SUM, algo=algo, deadline=deadline())
+            assert digest(buf) == digest(whole), f"{algo} bits change when cut at {cuts}"
     if RANK == 0:
-        print("OK dbtree bits independent of block_bytes and cuts")
+        print("OK dbtree and gather bits independent of block_bytes and cuts")
 
 
 def check_reduce_and_broadcast() -> None:
@@ -152,7 +154,7 @@ def check_dead_peer() -> None:
         except HFRTimeoutError as e:
             late = time.monotonic() - start - 0.5
             assert late < 3, f"{algo}: timed out {late:.1f} s after the deadline"
-            assert algo == "mpi" or "1" in str(e), f"{algo}: the error does not name rank 1: {e}"
+            assert algo in ("mpi", "gather") or "1" in str(e), f"{algo}: the error does not name rank 1: {e}"
             print(f"OK {algo} timed out {late * 1e3:.0f} ms after the deadline: {e}", flush=True)
         else:
             raise AssertionError(f"{algo}: allreduce returned without its peer")
@@ -163,7 +165,7 @@ def check_dead_peer() -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "check":
         check_allreduce()
-        check_dbtree_bits_do_not_depend_on_cuts()
+        check_bits_do_not_depend_on_cuts()
         check_reduce_and_broadcast()
     elif sys.argv[1] == "dead_peer":
         check_dead_peer()
