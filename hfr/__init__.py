@@ -10,9 +10,6 @@ import os
 import threading
 from typing import Any, Optional
 
-# The kernels' OpenMP threads sleep between calls rather than spin: ranks share the host's cores.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 from .comm import Communicator
 from .errors import HFRError, HFRTimeoutError, MismatchError
 from .ops import Op, OpLike

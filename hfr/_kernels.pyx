@@ -3,6 +3,11 @@
 Terms:
 - k: the number of inputs x0..x(k-1); out may be x0 itself.
 - block: the contiguous run of elements one thread owns (the array is cut into `threads` blocks).
+  The calling thread takes blocks too; the others are run by the kernels' own pool of threads, which
+  sleep on a condition variable between calls. (Not OpenMP: torch ships its own libgomp.so.1, which a
+  process that imports torch first shares with any extension linked to libgomp; its threads then spin
+  ~10 ms after each call whatever hfr asks, and ranks sharing a host starve each other: a DDP step
+  went from 9.5 to 37 ms.)
 - tile: a run of TILE_BYTES of one block, small enough to stay in L2 while all k inputs are folded
   into it, so each input is read once and out is written once: (k+1)*bytes of memory traffic.
 - half types (float16, bfloat16): widened to float32 tile by tile, combined in float32, rounded once.
@@ -11,7 +16,6 @@ Every loop is a plain `for i in range(m)` over raw pointers with no branch the c
 into a select, so gcc vectorises it at -O3. Signed sums and products run on the unsigned type of the
 same width, which wraps as NumPy does (signed overflow is undefined in C).
 """
-from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
@@ -79,6 +83,93 @@ cdef extern from *:
     const bint hfr_f16c
     void hfr_f16c_widen(float* dst, const uint16_t* src, Py_ssize_t n) noexcept nogil
     void hfr_f16c_narrow(uint16_t* dst, const float* src, Py_ssize_t n) noexcept nogil
+
+cdef extern from *:
+    """
+    #include <pthread.h>
+    /* The pool: hfr_pool_run(fn, job, parts) runs fn(job, p) for every p in [0, parts), on the calling
+       thread and up to parts - 1 pool threads, and returns the sum of fn's results. Threads are started
+       on demand and never stop; between jobs they wait on `wake`. One job at a time (`owner`). */
+    typedef int (*hfr_part_fn)(void *job, int part);
+    static struct {
+        pthread_mutex_t lock, owner;
+        pthread_cond_t wake, done;
+        int threads, forked_handler;
+        hfr_part_fn fn;
+        void *job;
+        int parts, next, unfinished, failed;  /* the job: parts claimed so far, not yet finished */
+    } hfr_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                  PTHREAD_COND_INITIALIZER};
+
+    /* Claim and run parts until none is left: entered and left with the lock held. */
+    static void hfr_pool_work(void) {
+        while (hfr_pool.next < hfr_pool.parts) {
+            int part = hfr_pool.next++, failed;
+            hfr_part_fn fn = hfr_pool.fn;
+            void *job = hfr_pool.job;
+            pthread_mutex_unlock(&hfr_pool.lock);
+            failed = fn(job, part);
+            pthread_mutex_lock(&hfr_pool.lock);
+            hfr_pool.failed += failed;
+            if (--hfr_pool.unfinished == 0)
+                pthread_cond_signal(&hfr_pool.done);
+        }
+    }
+
+    static void *hfr_pool_thread(void *unused) {
+        pthread_mutex_lock(&hfr_pool.lock);
+        for (;;) {
+            while (hfr_pool.next >= hfr_pool.parts)
+                pthread_cond_wait(&hfr_pool.wake, &hfr_pool.lock);
+            hfr_pool_work();
+        }
+        return NULL;
+    }
+
+    /* A forked child has none of the threads, and the locks may be held by threads it lacks. */
+    static void hfr_pool_after_fork(void) {
+        pthread_mutex_init(&hfr_pool.lock, NULL);
+        pthread_mutex_init(&hfr_pool.owner, NULL);
+        pthread_cond_init(&hfr_pool.wake, NULL);
+        pthread_cond_init(&hfr_pool.done, NULL);
+        hfr_pool.threads = hfr_pool.parts = hfr_pool.next = 0;
+    }
+
+    static int hfr_pool_run(hfr_part_fn fn, void *job, int parts) {
+        int failed, i;
+        pthread_mutex_lock(&hfr_pool.owner);
+        pthread_mutex_lock(&hfr_pool.lock);
+        if (!hfr_pool.forked_handler)
+            hfr_pool.forked_handler = pthread_atfork(NULL, NULL, hfr_pool_after_fork) == 0;
+        while (hfr_pool.threads < parts - 1) {
+            pthread_t thread;
+            pthread_attr_t attr;
+            pthread_attr_init(&attr);
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            i = pthread_create(&thread, &attr, hfr_pool_thread, NULL);
+            pthread_attr_destroy(&attr);
+            if (i != 0)
+                break;  /* fewer threads: the caller runs the parts left over */
+            hfr_pool.threads++;
+        }
+        hfr_pool.fn = fn;
+        hfr_pool.job = job;
+        hfr_pool.parts = hfr_pool.unfinished = parts;
+        hfr_pool.next = hfr_pool.failed = 0;
+        for (i = 1; i < parts; i++)
+            pthread_cond_signal(&hfr_pool.wake);
+        hfr_pool_work();
+        while (hfr_pool.unfinished > 0)
+            pthread_cond_wait(&hfr_pool.done, &hfr_pool.lock);
+        failed = hfr_pool.failed;
+        hfr_pool.parts = hfr_pool.next = 0;
+        pthread_mutex_unlock(&hfr_pool.lock);
+        pthread_mutex_unlock(&hfr_pool.owner);
+        return failed;
+    }
+    """
+    ctypedef int (*hfr_part_fn)(void* job, int part) noexcept nogil
+    int hfr_pool_run(hfr_part_fn fn, void* job, int parts) noexcept nogil
 
 __all__ = ["reduce", "parallel_copy", "MIN_BYTES_PER_THREAD"]
 
@@ -269,22 +360,6 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
     return 0
 
 
-cdef int _reduce(any_t* out, any_t** xs, int k, Py_ssize_t n, int op, int threads) noexcept nogil:
-    """Cut [0, n) into `threads` cache-line-aligned blocks, one per thread. Returns the number of
-    blocks that could not get their scratch tiles (then out is partly written)."""
-    cdef Py_ssize_t align = BLOCK_ALIGN_BYTES // sizeof(any_t)
-    cdef Py_ssize_t per = ((n + threads - 1) // threads + align - 1) // align * align
-    cdef bint stream = n * sizeof(any_t) >= STREAM_MIN_BYTES
-    cdef Py_ssize_t t
-    cdef int failed = 0
-    if threads == 1:
-        return _reduce_block(out, xs, k, 0, n, op, stream)
-    for t in prange(threads, schedule="static", num_threads=threads):
-        if t * per < n:
-            failed += _reduce_block(out, xs, k, t * per, min(t * per + per, n), op, stream)
-    return failed
-
-
 # ---- Python entry points ------------------------------------------------------------------------
 
 cdef enum Kind:
@@ -303,27 +378,61 @@ _KINDS = {
 }
 
 
-cdef int _dispatch(Kind kind, void* out, void** xs, int k, Py_ssize_t n, int op, int threads) noexcept nogil:
+cdef int _dispatch(Kind kind, void* out, void** xs, int k, Py_ssize_t lo, Py_ssize_t hi, int op,
+                   bint stream) noexcept nogil:
     if kind == F32:
-        return _reduce(<float*>out, <float**>xs, k, n, op, threads)
+        return _reduce_block(<float*>out, <float**>xs, k, lo, hi, op, stream)
     elif kind == F64:
-        return _reduce(<double*>out, <double**>xs, k, n, op, threads)
+        return _reduce_block(<double*>out, <double**>xs, k, lo, hi, op, stream)
     elif kind == I8:
-        return _reduce(<int8_t*>out, <int8_t**>xs, k, n, op, threads)
+        return _reduce_block(<int8_t*>out, <int8_t**>xs, k, lo, hi, op, stream)
     elif kind == U8:
-        return _reduce(<uint8_t*>out, <uint8_t**>xs, k, n, op, threads)
+        return _reduce_block(<uint8_t*>out, <uint8_t**>xs, k, lo, hi, op, stream)
     elif kind == I32:
-        return _reduce(<int32_t*>out, <int32_t**>xs, k, n, op, threads)
+        return _reduce_block(<int32_t*>out, <int32_t**>xs, k, lo, hi, op, stream)
     elif kind == U32:
-        return _reduce(<uint32_t*>out, <uint32_t**>xs, k, n, op, threads)
+        return _reduce_block(<uint32_t*>out, <uint32_t**>xs, k, lo, hi, op, stream)
     elif kind == I64:
-        return _reduce(<int64_t*>out, <int64_t**>xs, k, n, op, threads)
+        return _reduce_block(<int64_t*>out, <int64_t**>xs, k, lo, hi, op, stream)
     elif kind == U64:
-        return _reduce(<uint64_t*>out, <uint64_t**>xs, k, n, op, threads)
+        return _reduce_block(<uint64_t*>out, <uint64_t**>xs, k, lo, hi, op, stream)
     elif kind == BF16:
-        return _reduce(<bf16_t*>out, <bf16_t**>xs, k, n, op, threads)
+        return _reduce_block(<bf16_t*>out, <bf16_t**>xs, k, lo, hi, op, stream)
     else:
-        return _reduce(<fp16_t*>out, <fp16_t**>xs, k, n, op, threads)
+        return _reduce_block(<fp16_t*>out, <fp16_t**>xs, k, lo, hi, op, stream)
+
+
+ctypedef struct Job:  # one reduce, cut into blocks of `per` elements
+    Kind kind
+    void* out
+    void** xs
+    int k
+    Py_ssize_t n
+    Py_ssize_t per
+    int op
+    bint stream
+
+
+cdef int _run_block(void* job, int block) noexcept nogil:
+    cdef Job* j = <Job*>job
+    cdef Py_ssize_t lo = block * j.per
+    if lo >= j.n:
+        return 0
+    return _dispatch(j.kind, j.out, j.xs, j.k, lo, min(lo + j.per, j.n), j.op, j.stream)
+
+
+cdef int _reduce(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py_ssize_t n, int op,
+                 int threads) noexcept nogil:
+    """Cut [0, n) into `threads` cache-line-aligned blocks, one per thread. Returns the number of
+    blocks that could not get their scratch tiles (then out is partly written)."""
+    cdef Py_ssize_t align = BLOCK_ALIGN_BYTES // itemsize
+    cdef Job job
+    job.kind, job.out, job.xs, job.k, job.n, job.op = kind, out, xs, k, n, op
+    job.per = ((n + threads - 1) // threads + align - 1) // align * align
+    job.stream = n * itemsize >= STREAM_MIN_BYTES
+    if threads == 1:
+        return _run_block(&job, 0)
+    return hfr_pool_run(_run_block, &job, threads)
 
 
 def _threads_for(Py_ssize_t traffic_bytes, int threads) -> int:
@@ -339,6 +448,7 @@ def reduce(cnp.ndarray out, list inputs, op, int threads) -> None:
     cdef int code = _OPS[op]
     cdef Kind kind = _KINDS[out.dtype][code == SUM or code == PROD]
     cdef int nthreads = _threads_for((k + 1) * out.nbytes, threads)
+    cdef Py_ssize_t itemsize = out.itemsize
     cdef void** xs = <void**>malloc(k * sizeof(void*))
     cdef int j, failed
     if xs == NULL:
@@ -347,7 +457,7 @@ def reduce(cnp.ndarray out, list inputs, op, int threads) -> None:
         for j in range(k):
             xs[j] = cnp.PyArray_DATA(inputs[j])
         with nogil:
-            failed = _dispatch(kind, cnp.PyArray_DATA(out), xs, k, n, code, nthreads)
+            failed = _reduce(kind, itemsize, cnp.PyArray_DATA(out), xs, k, n, code, nthreads)
     finally:
         free(xs)
     if failed:
@@ -361,5 +471,6 @@ def parallel_copy(cnp.ndarray dst, cnp.ndarray src, int threads) -> None:
     cdef uint8_t* s = <uint8_t*>cnp.PyArray_DATA(src)
     cdef Py_ssize_t n = dst.nbytes
     cdef int nthreads = _threads_for(2 * n, threads)
+    cdef void* xs = s
     with nogil:
-        _reduce(<uint8_t*>cnp.PyArray_DATA(dst), &s, 1, n, SUM, nthreads)
+        _reduce(U8, 1, cnp.PyArray_DATA(dst), &xs, 1, n, SUM, nthreads)

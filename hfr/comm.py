@@ -25,7 +25,7 @@ class Communicator:
     comm: the MPI intra-communicator to reduce over (default MPI.COMM_WORLD); hfr works on a Dup.
     local_size: ranks per node, to emulate nodes of consecutive ranks on one host (default:
         HFR_LOCAL_SIZE, else the hosts as MPI sees them).
-    chunk_bytes: pipeline chunk, a multiple of 4 KiB (default: HFR_CHUNK_BYTES, else 4 MiB); the
+    chunk_bytes: pipeline chunk, a multiple of 4 KiB (default: HFR_CHUNK_BYTES, else 8 MiB); the
         same on every rank.
     timeout: seconds any rank waits for a peer before hfr.HFRTimeoutError (default: HFR_TIMEOUT,
         else 300).

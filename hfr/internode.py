@@ -110,19 +110,20 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
 
 
 MPI_BELOW_BYTES = 512 * 1024
-GATHER_BELOW_BYTES = 1024 * 1024
+GATHER_BELOW_BYTES = 512 * 1024
 
 
 def choose_algo(nbytes: int, nnodes: int, dtype: np.dtype) -> str:
     """The algo for an allreduce of an array of nbytes and dtype over nnodes nodes (chosen by the
     call's size, never a chunk's: every chunk of a call takes the same algo).
 
-    Measured (bench/RESULTS.md; 4 ranks on one 16-core host, Open MPI 4.1.6, and the 2-core dev VM):
-    for integers, below 512 KiB "mpi" (polled Iallreduce, 12-110 us) beats dbtree (95-240 us: four
-    Python hops); from 512 KiB dbtree. Float sums and products take only algos whose bits do not depend
-    on where the caller cuts its array (mpi's and ring's do): gather while the n slices it gathers stay
-    small (nnodes x nbytes <= 1 MiB; one collective, 2x faster than dbtree there), else dbtree.
-    ring beat dbtree by up to 1.3x between 512 KiB and 16 MiB but is never chosen, for the same reason.
+    Measured (bench/RESULTS.md; 4 and 8 ranks on one 16-core host, Open MPI 4.1.6): for integers,
+    below 512 KiB "mpi" (polled Iallreduce, 15-110 us) beats dbtree (95-240 us: four Python hops);
+    from 512 KiB dbtree. Floats take only algos whose bits do not depend on where the caller cuts its
+    array (mpi's and ring's do): gather while the n slices it gathers stay small (nnodes x nbytes <=
+    512 KiB: one collective, 2-4x faster than dbtree there; at 4 x 512 KiB and 8 x 128 KiB dbtree
+    already wins), else dbtree. ring beat dbtree by up to 1.6x between 512 KiB and 16 MiB but is never
+    chosen, for the same reason.
     """
     if nnodes <= 1:
         return "dbtree"  # nothing moves

@@ -235,3 +235,48 @@ def test_works_without_the_extension():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() in ("numba", "numpy")
+
+
+def test_cython_pool_serves_concurrent_callers_and_forked_children():
+    """The Cython kernels' thread pool: right sums for 4 Python threads calling at once, and in a child
+    forked after the pool's threads started (the child has none of them)."""
+    backend_param("cython")
+    import threading
+
+    rng = np.random.default_rng(5)
+    cases = [[random_array(np.float32, 400_009, rng, specials=False) for _ in range(3)] for _ in range(4)]
+    results: list = [None] * len(cases)
+
+    def work(i: int) -> None:
+        out = np.empty_like(cases[i][0])
+        for _ in range(20):
+            reduce_into(out, cases[i], Op.SUM, backend="cython", threads=3)
+        results[i] = out
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for inputs, out in zip(cases, results):
+        assert_same_bits(out, reference(inputs, Op.SUM))
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if its threaded sum is right
+        out = np.empty_like(cases[0][0])
+        reduce_into(out, cases[0], Op.SUM, backend="cython", threads=4)
+        os._exit(0 if np.array_equal(out, reference(cases[0], Op.SUM)) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_cython_pool_threads_sleep_between_calls():
+    """Idle kernel threads cost no CPU (OpenMP's spinning threads starved ranks sharing a host)."""
+    backend_param("cython")
+    import time
+
+    x = np.ones(4 << 20, np.float32)
+    reduce_into(np.empty_like(x), [x, x], Op.SUM, backend="cython", threads=4)
+    cpu, wall = time.process_time(), time.perf_counter()
+    time.sleep(0.5)
+    spent = time.process_time() - cpu
+    assert spent < 0.1 * (time.perf_counter() - wall), f"{spent:.3f} s of CPU while idle"
