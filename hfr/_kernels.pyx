@@ -329,7 +329,10 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
     cdef Py_ssize_t start, m, j
     cdef Py_ssize_t tile = TILE_BYTES // 4 if any_t is bf16_t or any_t is fp16_t else TILE_BYTES // sizeof(any_t)
     if k == 1:
-        if out != xs[0]:
+        if out != xs[0] and stream:
+            hfr_stream_copy(out + lo, xs[0] + lo, (hi - lo) * sizeof(any_t))
+            hfr_stream_fence()
+        elif out != xs[0]:
             memcpy(out + lo, xs[0] + lo, (hi - lo) * sizeof(any_t))
         return 0
     scratch = <uint64_t*>malloc(2 * TILE_BYTES)

@@ -237,6 +237,7 @@ def test_works_without_the_extension():
     assert done.stdout.strip() in ("numba", "numpy")
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_cython_pool_serves_concurrent_callers_and_forked_children():
     """The Cython kernels' thread pool: right sums for 4 Python threads calling at once, and in a child
     forked after the pool's threads started (the child has none of them)."""
