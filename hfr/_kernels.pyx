@@ -177,7 +177,8 @@ cdef enum:
     SUM, MAX, MIN, PROD
     TILE_BYTES = 128 * 1024  # long runs of each input keep the prefetchers streaming (measured: 8 KiB was slower)
     TILE_WORDS = 16384  # TILE_BYTES in 8-byte words
-    STREAM_MIN_BYTES = 4 << 20  # a smaller out is likely read again soon: leave it in the cache
+    STREAM_MIN_BYTES = 1 << 20  # a smaller out is likely read again soon: leave it in the cache (from 1 MiB
+    # non-temporal stores made the engine 2x faster with 2-4 MiB chunks: bench/RESULTS.md)
     BLOCK_ALIGN_BYTES = 64  # blocks start on cache lines, so threads never write one line together
 
 # Below this much memory traffic per thread, another thread costs more than it saves.
