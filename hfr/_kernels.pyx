@@ -87,14 +87,16 @@ cdef extern from *:
 cdef extern from *:
     """
     #include <pthread.h>
+    #include <signal.h>
     /* The pool: hfr_pool_run(fn, job, parts) runs fn(job, p) for every p in [0, parts), on the calling
        thread and up to parts - 1 pool threads, and returns the sum of fn's results. Threads are started
-       on demand and never stop; between jobs they wait on `wake`. One job at a time (`owner`). */
+       on demand and never stop; between jobs they wait on `wake`. One job at a time (`owner`).
+       hfr_pool_init() runs once, at import, before any of the pool's locks can be held. */
     typedef int (*hfr_part_fn)(void *job, int part);
     static struct {
         pthread_mutex_t lock, owner;
         pthread_cond_t wake, done;
-        int threads, forked_handler;
+        int threads;
         hfr_part_fn fn;
         void *job;
         int parts, next, unfinished, failed;  /* the job: parts claimed so far, not yet finished */
@@ -135,19 +137,25 @@ cdef extern from *:
         hfr_pool.threads = hfr_pool.parts = hfr_pool.next = 0;
     }
 
+    static int hfr_pool_init(void) {
+        return pthread_atfork(NULL, NULL, hfr_pool_after_fork);
+    }
+
     static int hfr_pool_run(hfr_part_fn fn, void *job, int parts) {
         int failed, i;
         pthread_mutex_lock(&hfr_pool.owner);
         pthread_mutex_lock(&hfr_pool.lock);
-        if (!hfr_pool.forked_handler)
-            hfr_pool.forked_handler = pthread_atfork(NULL, NULL, hfr_pool_after_fork) == 0;
         while (hfr_pool.threads < parts - 1) {
             pthread_t thread;
             pthread_attr_t attr;
+            sigset_t all, old;
+            sigfillset(&all);  /* pool threads take no signals: they stay with Python's threads */
+            pthread_sigmask(SIG_BLOCK, &all, &old);
             pthread_attr_init(&attr);
             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
             i = pthread_create(&thread, &attr, hfr_pool_thread, NULL);
             pthread_attr_destroy(&attr);
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
             if (i != 0)
                 break;  /* fewer threads: the caller runs the parts left over */
             hfr_pool.threads++;
@@ -163,13 +171,18 @@ cdef extern from *:
             pthread_cond_wait(&hfr_pool.done, &hfr_pool.lock);
         failed = hfr_pool.failed;
         hfr_pool.parts = hfr_pool.next = 0;
+        hfr_pool.job = NULL;  /* it lives on the caller's stack */
         pthread_mutex_unlock(&hfr_pool.lock);
         pthread_mutex_unlock(&hfr_pool.owner);
         return failed;
     }
     """
     ctypedef int (*hfr_part_fn)(void* job, int part) noexcept nogil
+    int hfr_pool_init() noexcept nogil
     int hfr_pool_run(hfr_part_fn fn, void* job, int parts) noexcept nogil
+
+if hfr_pool_init() != 0:
+    raise ImportError("hfr._kernels: pthread_atfork failed (out of memory)")
 
 __all__ = ["reduce", "parallel_copy", "MIN_BYTES_PER_THREAD"]
 
