@@ -119,6 +119,9 @@ cdef extern from *:
     }
 
     static void *hfr_pool_thread(void *unused) {
+    #if defined(__linux__)
+        pthread_setname_np(pthread_self(), "hfr-kernels");  /* as top -H and py-spy show it */
+    #endif
         pthread_mutex_lock(&hfr_pool.lock);
         for (;;) {
             while (hfr_pool.next >= hfr_pool.parts)
