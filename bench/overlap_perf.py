@@ -109,9 +109,8 @@ def main() -> None:
             comm.allreduce_async(x).wait()
         return (time.perf_counter() - t0) / count
 
-    def timed(start, end, samples):
-        with gpu_sampler(samples):
-            end.synchronize()
+    def elapsed(start, end):
+        end.synchronize()
         return cp.cuda.get_elapsed_time(start, end) / 1e3
 
     alone = allreduce_seconds(3)
@@ -120,7 +119,8 @@ def main() -> None:
     host = cupyx.empty_pinned(x.nbytes, np.uint8) if rank == 0 else None
     for _ in range(args.repeats):
         if rank == 0:
-            compute_alone.append(timed(*matmul_loop(a, b, args.iters, stream)[:2], clocks_alone))
+            with gpu_sampler(clocks_alone):
+                compute_alone.append(elapsed(*matmul_loop(a, b, args.iters, stream)[:2]))
         world.Barrier()
         if rank == 0:
             start, end, _ = matmul_loop(a, b, args.iters, stream)
@@ -130,11 +130,11 @@ def main() -> None:
         with gpu_sampler(clocks_beside) if rank == 0 else contextlib.nullcontext():
             allreduce_beside.append(allreduce_seconds(calls))
         if rank == 0:
-            compute_beside.append(timed(start, end, []))
+            compute_beside.append(elapsed(start, end))
             start, end, _ = matmul_loop(a, b, args.iters, stream)
             with gpu_sampler(clocks_copies):
                 copy_rates.append(copy_loop(x, host, end))
-            compute_copies.append(timed(start, end, clocks_copies))
+            compute_copies.append(elapsed(start, end))
         world.Barrier()
     comm.close()
     if rank == 0:

@@ -6,7 +6,6 @@ exit.
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 from typing import Any, Optional
 

@@ -214,7 +214,7 @@ _SCRATCH = threading.local()  # per thread: {key: uint8 buffer}, reused so no ca
 
 
 def _scratch(key: object, shape: tuple, dtype: np.dtype) -> np.ndarray:
-    """A scratch array of shape for `key` (a tree, the ring), reused by later calls on this thread."""
+    """A scratch array of shape for `key` (a tree, the ring, gather), reused by later calls on this thread."""
     nbytes = math.prod(shape) * dtype.itemsize
     pool = _SCRATCH.__dict__.setdefault("buffers", {})
     buffer = pool.get(key)

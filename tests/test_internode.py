@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 import numpy as np
+import pytest
 
 from hfr.internode import ALGOS, GATHER_BELOW_BYTES, MPI_BELOW_BYTES, choose_algo
 from tests.mpirun import run_mpi

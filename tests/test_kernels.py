@@ -5,6 +5,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -242,8 +244,6 @@ def test_cython_pool_serves_concurrent_callers_and_forked_children():
     """The Cython kernels' thread pool: right sums for 4 Python threads calling at once, and in a child
     forked after the pool's threads started (the child has none of them)."""
     backend_param("cython")
-    import threading
-
     rng = np.random.default_rng(5)
     cases = [[random_array(np.float32, 400_009, rng, specials=False) for _ in range(3)] for _ in range(4)]
     results: list = [None] * len(cases)
@@ -273,8 +273,6 @@ def test_cython_pool_serves_concurrent_callers_and_forked_children():
 def test_cython_pool_threads_sleep_between_calls():
     """Idle kernel threads cost no CPU (OpenMP's spinning threads starved ranks sharing a host)."""
     backend_param("cython")
-    import time
-
     x = np.ones(4 << 20, np.float32)
     reduce_into(np.empty_like(x), [x, x], Op.SUM, backend="cython", threads=4)
     cpu, wall = time.process_time(), time.perf_counter()
