@@ -187,7 +187,7 @@ cdef extern from *:
 if hfr_pool_init() != 0:
     raise ImportError("hfr._kernels: pthread_atfork failed (out of memory)")
 
-__all__ = ["reduce", "parallel_copy", "MIN_BYTES_PER_THREAD"]
+__all__ = ["reduce", "parallel_copy"]
 
 cdef enum:
     SUM, MAX, MIN, PROD
@@ -196,9 +196,7 @@ cdef enum:
     STREAM_MIN_BYTES = 1 << 20  # a smaller out is likely read again soon: leave it in the cache (from 1 MiB
     # non-temporal stores made the engine 2x faster with 2-4 MiB chunks: bench/RESULTS.md)
     BLOCK_ALIGN_BYTES = 64  # blocks start on cache lines, so threads never write one line together
-
-# Below this much memory traffic per thread, another thread costs more than it saves.
-MIN_BYTES_PER_THREAD = 256 * 1024
+    MIN_BYTES_PER_THREAD = 256 * 1024  # below this much memory traffic per thread, another costs more than it saves
 
 _OPS = {Op.SUM: SUM, Op.MAX: MAX, Op.MIN: MIN, Op.PROD: PROD}
 
@@ -382,9 +380,6 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
 
 # ---- Python entry points ------------------------------------------------------------------------
 
-cdef enum Kind:
-    F32, F64, I8, U8, I32, U32, I64, U64, BF16, FP16
-
 # dtype -> (kind for max and min, kind for sum and prod): signed sums run on the unsigned type.
 _KINDS = {
     np.dtype(np.float32): (F32, F32),
@@ -455,19 +450,35 @@ cdef int _reduce(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py
     return hfr_pool_run(_run_block, &job, threads)
 
 
-def _threads_for(Py_ssize_t traffic_bytes, int threads) -> int:
+cdef int _threads_for(Py_ssize_t traffic_bytes, int threads) noexcept nogil:
     """threads, cut down so that each thread moves at least MIN_BYTES_PER_THREAD."""
     return max(1, min(threads, traffic_bytes // MIN_BYTES_PER_THREAD))
+
+
+cdef int op_code(object op) except -1:
+    """The kernel's code for an hfr.Op among SUM, MAX, MIN and PROD."""
+    return _OPS[op]
+
+
+cdef Kind kernel_kind(object dtype, int code) except *:
+    """The element type a reduce of dtype with op `code` runs on."""
+    return _KINDS[dtype][code == SUM or code == PROD]
+
+
+cdef int reduce_nogil(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py_ssize_t n, int code,
+                      int threads) noexcept nogil:
+    """out = xs[0] op ... op xs[k-1] over n elements on up to `threads` threads (fewer for small n).
+    Returns nonzero when scratch tiles could not be had (then out is partly written)."""
+    return _reduce(kind, itemsize, out, xs, k, n, code, _threads_for((k + 1) * n * itemsize, threads))
 
 
 def reduce(cnp.ndarray out, list inputs, op, int threads) -> None:
     """out = inputs[0] op ... op inputs[-1]. Arguments are checked by hfr.kernels.check_arguments:
     1-D C-contiguous arrays of one supported dtype and size; out is inputs[0] or overlaps none."""
     cdef int k = len(inputs)
+    cdef int code = op_code(op)
+    cdef Kind kind = kernel_kind(out.dtype, code)
     cdef Py_ssize_t n = out.shape[0]
-    cdef int code = _OPS[op]
-    cdef Kind kind = _KINDS[out.dtype][code == SUM or code == PROD]
-    cdef int nthreads = _threads_for((k + 1) * out.nbytes, threads)
     cdef Py_ssize_t itemsize = out.itemsize
     cdef void** xs = <void**>malloc(k * sizeof(void*))
     cdef int j, failed
@@ -477,7 +488,7 @@ def reduce(cnp.ndarray out, list inputs, op, int threads) -> None:
         for j in range(k):
             xs[j] = cnp.PyArray_DATA(inputs[j])
         with nogil:
-            failed = _reduce(kind, itemsize, cnp.PyArray_DATA(out), xs, k, n, code, nthreads)
+            failed = reduce_nogil(kind, itemsize, cnp.PyArray_DATA(out), xs, k, n, code, threads)
     finally:
         free(xs)
     if failed:
@@ -490,7 +501,6 @@ def parallel_copy(cnp.ndarray dst, cnp.ndarray src, int threads) -> None:
         raise ValueError("parallel_copy needs C-contiguous arrays of equal nbytes")
     cdef uint8_t* s = <uint8_t*>cnp.PyArray_DATA(src)
     cdef Py_ssize_t n = dst.nbytes
-    cdef int nthreads = _threads_for(2 * n, threads)
     cdef void* xs = s
     with nogil:
-        _reduce(U8, 1, cnp.PyArray_DATA(dst), &xs, 1, n, SUM, nthreads)
+        reduce_nogil(U8, 1, cnp.PyArray_DATA(dst), &xs, 1, n, SUM, threads)

@@ -9,20 +9,13 @@ to others.
 """
 from libc.stdint cimport int64_t
 
+from hfr._wait cimport hfr_nap, hfr_now, sched_yield
+
 cdef extern from *:
     """
-    #include <sched.h>
-    #include <time.h>
     static inline long long hfr_load_acquire(const long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    static inline double hfr_now(void) {
-        struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec;
-    }
-    static inline void hfr_nap(long ns) { struct timespec t = {0, ns}; nanosleep(&t, NULL); }
     """
     long long hfr_load_acquire(const long long *p) nogil
-    double hfr_now() nogil
-    void hfr_nap(long ns) nogil
-    int sched_yield() nogil
 
 cdef double SPIN_S = 2e-3  # yield between rounds this long (a chunk's copies take ~0.1-1 ms), then nap
 cdef long NAP_NS = 20000

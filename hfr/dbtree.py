@@ -24,6 +24,7 @@ in both. With root = 0, rooted tree 0 is tree 0.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 __all__ = ["Node", "TREES", "tree_root", "parent_children", "rooted_parent_children", "tree", "rooted_tree"]
@@ -86,6 +87,7 @@ def _rename(node: Node, rename) -> Node:
     return Node(-1 if node.parent < 0 else rename(node.parent), tuple(rename(c) for c in node.children))
 
 
+@functools.cache
 def parent_children(rank: int, nnodes: int, which: int) -> Node:
     """(parent or -1, children) of node `rank` in tree `which` (0 or 1) of the double binary tree."""
     _check(nnodes, which, rank)
@@ -94,6 +96,7 @@ def parent_children(rank: int, nnodes: int, which: int) -> Node:
     return _rename(_btree(_to_tree1_label(rank, nnodes), nnodes), lambda label: _from_tree1_label(label, nnodes))
 
 
+@functools.cache
 def rooted_parent_children(rank: int, nnodes: int, which: int, root: int) -> Node:
     """(parent or -1, children) of node `rank` in tree `which` rooted at `root` (see the module notes)."""
     _check(nnodes, which, rank, root)

@@ -27,7 +27,6 @@ are polled, yielding the CPU between polls, until done or past the caller's dead
 """
 from __future__ import annotations
 
-import collections
 import math
 import os
 import threading
@@ -37,6 +36,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from ._tree import BLOCKS_IN_FLIGHT, TreePipeline
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
 from .errors import HFRTimeoutError
 from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
@@ -48,18 +48,16 @@ __all__ = ["allreduce", "reduce", "broadcast", "choose_algo", "ALGOS", "TREE_GRA
 ALGOS = ("dbtree", "ring", "mpi", "gather")
 TREE_GRANULE_BYTES = 1024 * 1024  # fixed: changing it changes which tree sums which element (1 MiB:
 # fewer Python steps per byte than 256 KiB, 1.5-2x faster at 64 MiB; arrays under 1 MiB use tree 0 alone)
-DEFAULT_BLOCK_BYTES = 1024 * 1024
-BLOCKS_IN_FLIGHT = 4  # per tree; with 1 MiB blocks 4 and 8 measured alike (bench/RESULTS.md)
+DEFAULT_BLOCK_BYTES = 256 * 1024
 YIELD_POLL_S = 2e-3  # after progress stops: between polls, yield the CPU (sched_yield) this long ...
 POLL_SLEEP_S = 50e-6  # ... then sleep this long (time.sleep(0) would sleep ~50 us too: timer slack)
 
-_UP_TAG = (0x4846, 0x4847)  # by tree; all below MPI's smallest allowed TAG_UB, 32767
-_DOWN_TAG = (0x4848, 0x4849)
+_TREE_TAGS = [(0x4846, 0x4848), (0x4847, 0x4849)]  # (up, down) by tree; all below MPI's smallest TAG_UB, 32767
 _RING_TAG = 0x484A
 
 _MPI_OPS = {Op.SUM: MPI.SUM, Op.MAX: MPI.MAX, Op.MIN: MPI.MIN, Op.PROD: MPI.PROD}
 _HALF_MPI_OPS: dict[tuple[np.dtype, Op], MPI.Op] = {}  # made once per (dtype, op), never freed
-_ABANDONED: list[MPI.Request] = []  # requests left by a timeout, kept so that MPI never writes freed memory
+_ABANDONED: list = []  # requests and pipelines left by a timeout, kept so that MPI never writes freed memory
 
 
 # ---------------------------------------------------------------------------------------- public API
@@ -77,8 +75,9 @@ def allreduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, *, algo: str 
         flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
     else:
         rank, n = rail.Get_rank(), rail.Get_size()
-        flows = [_TreeFlow(rail, buf, which, parent_children(rank, n, which), first, op, block_bytes, threads,
-                           up=True, down=True) for which in TREES]
+        nodes = [parent_children(rank, n, which) for which in TREES]
+        return _run_trees(rail, buf, first, op, nodes, block_bytes, threads, deadline, "allreduce (dbtree)",
+                          up=True, down=True)
     _drive(rail, flows, deadline, f"allreduce ({algo})")
 
 
@@ -95,7 +94,8 @@ def reduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, root: int, *, al
     elif algo in ("ring", "gather"):
         flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
     else:
-        flows = _rooted_flows(rail, buf, first, op, root, block_bytes, threads, up=True, down=False)
+        return _run_trees(rail, buf, first, op, _rooted_nodes(rail, root), block_bytes, threads, deadline,
+                          f"reduce to {root} (dbtree)", up=True, down=False)
     _drive(rail, flows, deadline, f"reduce to {root} ({algo})")
 
 
@@ -105,8 +105,8 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
     _check(rail, buf, first, Op.SUM, "dbtree", block_bytes, root)
     if rail.Get_size() == 1 or buf.size == 0:
         return
-    flows = _rooted_flows(rail, buf, first, Op.SUM, root, block_bytes, 1, up=False, down=True)
-    _drive(rail, flows, deadline, f"broadcast from {root}")
+    _run_trees(rail, buf, first, Op.SUM, _rooted_nodes(rail, root), block_bytes, 1, deadline,
+               f"broadcast from {root}", up=False, down=True)
 
 
 MPI_BELOW_BYTES = 512 * 1024
@@ -231,143 +231,24 @@ def _bytes(a: np.ndarray) -> list:
 # ---------------------------------------------------------------------------------------- dbtree
 
 
-def _tree_blocks(first: int, count: int, itemsize: int, which: int, block_bytes: int) -> list[tuple[int, int]]:
-    """(start, stop) of tree `which`'s blocks, as indices into the slice [first, first + count)."""
-    granule = TREE_GRANULE_BYTES // itemsize
-    block = max(1, block_bytes // itemsize)
-    end = first + count
-    g = first // granule
-    g += (g % 2) != which  # the first granule of this tree at or after `first`
-    blocks = []
-    while g * granule < end:
-        run_start, run_stop = max(g * granule, first), min((g + 1) * granule, end)
-        blocks.extend((s - first, min(s + block, run_stop) - first) for s in range(run_start, run_stop, block))
-        g += 2
-    return blocks
-
-
-def _rooted_flows(rail, buf, first, op, root, block_bytes, threads, *, up, down) -> list:
+def _rooted_nodes(rail: MPI.Comm, root: int) -> list[Node]:
     rank, n = rail.Get_rank(), rail.Get_size()
-    return [_TreeFlow(rail, buf, which, rooted_parent_children(rank, n, which, root), first, op, block_bytes,
-                      threads, up=up, down=down) for which in TREES]
+    return [rooted_parent_children(rank, n, which, root) for which in TREES]
 
 
-class _TreeFlow:
-    """One tree's blocks moving up (reduce) and/or down (broadcast), each stage taking blocks in order.
-
-    Stages, with the count of blocks that have passed each:
-      up:   posted    receives from the children posted (into scratch slot block % BLOCKS_IN_FLIGHT)
-            combined  children's blocks combined into buf; the send to the parent posted
-            sent_up   the send to the parent completed
-      down: listening receive from the parent posted (after our own send up of that block completed)
-            arrived   the block is final in buf (received, or combined at the root); sends to children posted
-            finished  the sends to the children completed
-    """
-
-    def __init__(self, rail, buf, which, node: Node, first, op, block_bytes, threads, *, up, down):
-        self.rail, self.buf, self.which, self.op, self.threads = rail, buf, which, op, threads
-        self.reduce = unchecked_reducer()  # resolved once a call, not once a block
-        self.parent, self.children = node
-        self.up, self.down = up, down
-        self.blocks = _tree_blocks(first, buf.size, buf.itemsize, which, block_bytes)
-        self.posted = self.combined = self.sent_up = self.listening = self.arrived = self.finished = 0
-        self.child_recvs: collections.deque = collections.deque()  # per block: requests, one per child
-        self.parent_sends: collections.deque = collections.deque()
-        self.parent_recvs: collections.deque = collections.deque()
-        self.child_sends: collections.deque = collections.deque()
-        slot = max((stop - start for start, stop in self.blocks), default=0)
-        slots = BLOCKS_IN_FLIGHT if up else 0
-        self.scratch = _scratch(("tree", which), (slots, len(self.children), slot), buf.dtype)
-
-    @property
-    def is_root(self) -> bool:
-        return self.parent == -1
-
-    @property
-    def done(self) -> bool:
-        n = len(self.blocks)
-        if self.down:
-            return self.finished == n
-        return (self.combined if self.is_root else self.sent_up) == n
-
-    def advance(self) -> bool:
-        before = (self.posted, self.combined, self.sent_up, self.listening, self.arrived, self.finished)
-        if self.up:
-            self._advance_up()
-        if self.down:
-            self._advance_down()
-        return before != (self.posted, self.combined, self.sent_up, self.listening, self.arrived, self.finished)
-
-    def _block(self, b: int) -> np.ndarray:
-        start, stop = self.blocks[b]
-        return self.buf[start:stop]
-
-    def _advance_up(self) -> None:
-        nblocks = len(self.blocks)
-        while self.posted < min(nblocks, self.combined + BLOCKS_IN_FLIGHT):
-            size = len(self._block(self.posted))
-            slots = self.scratch[self.posted % BLOCKS_IN_FLIGHT]
-            self.child_recvs.append([self.rail.Irecv(_bytes(slots[i, :size]), c, _UP_TAG[self.which])
-                                     for i, c in enumerate(self.children)])
-            self.posted += 1
-        while self.child_recvs and MPI.Request.Testall(self.child_recvs[0]):
-            self.child_recvs.popleft()
-            block = self._block(self.combined)
-            if self.children:
-                slots = self.scratch[self.combined % BLOCKS_IN_FLIGHT]
-                received = [slots[i, :len(block)] for i in range(len(self.children))]
-                self.reduce(block, [block, *received], self.op, self.threads)
-            if not self.is_root:
-                self.parent_sends.append(self.rail.Isend(_bytes(block), self.parent, _UP_TAG[self.which]))
-            self.combined += 1
-        while self.parent_sends and self.parent_sends[0].Test():
-            self.parent_sends.popleft()
-            self.sent_up += 1
-
-    def _advance_down(self) -> None:
-        nblocks = len(self.blocks)
-        window_end = self.finished + BLOCKS_IN_FLIGHT
-        if self.is_root:
-            while self.arrived < min(self.combined if self.up else nblocks, window_end):
-                self._send_to_children(self.arrived)
-        else:
-            while self.listening < min(self.sent_up if self.up else nblocks, window_end):
-                block = self._block(self.listening)
-                self.parent_recvs.append(self.rail.Irecv(_bytes(block), self.parent, _DOWN_TAG[self.which]))
-                self.listening += 1
-            while self.parent_recvs and self.parent_recvs[0].Test():
-                self.parent_recvs.popleft()
-                self._send_to_children(self.arrived)
-        while self.child_sends and MPI.Request.Testall(self.child_sends[0]):
-            self.child_sends.popleft()
-            self.finished += 1
-
-    def _send_to_children(self, b: int) -> None:
-        block = self._block(b)
-        self.child_sends.append([self.rail.Isend(_bytes(block), c, _DOWN_TAG[self.which]) for c in self.children])
-        self.arrived += 1
-
-    def waiting_for(self) -> list[str]:
-        """The head block of each stage that is stuck, and the peers it waits on, in words."""
-        stages = ((self.child_recvs, self.combined, "from child", self.children),
-                  (self.parent_sends, self.sent_up, "to be taken by parent", (self.parent,)),
-                  (self.parent_recvs, self.arrived, "from parent", (self.parent,)),
-                  (self.child_sends, self.finished, "to be taken by child", self.children))
-        waits = []
-        for queue, block, what, peers in stages:
-            if queue:
-                head = queue[0] if isinstance(queue[0], list) else [queue[0]]
-                late = [str(p) for p, req in zip(peers, head) if not req.Get_status()]
-                if late:
-                    waits.append(f"tree {self.which} block {block} {what} {', '.join(late)}")
-        return waits
-
-    def abandon(self) -> None:
-        """Cancel the receives still posted; keep every request (and so its buffer) alive for good."""
-        receives = [r for reqs in self.child_recvs for r in reqs] + list(self.parent_recvs)
-        for req in receives:
-            req.Cancel()
-        _ABANDONED.extend(receives + [r for reqs in self.child_sends for r in reqs] + list(self.parent_sends))
+def _run_trees(rail, buf, first, op, nodes, block_bytes, threads, deadline, what, *, up, down) -> None:
+    """Both trees' blocks through hfr/_tree.pyx's pipeline, in C with the GIL released."""
+    granule = TREE_GRANULE_BYTES // buf.itemsize
+    block = min(max(1, block_bytes // buf.itemsize), granule, buf.size)
+    scratch = _scratch("tree", (len(TREES) * BLOCKS_IN_FLIGHT * 2 * block * buf.itemsize if up else 0,),
+                       np.dtype(np.uint8))  # per tree: BLOCKS_IN_FLIGHT slots of up to 2 children's blocks
+    pipeline = TreePipeline(rail, buf, first, op, nodes, scratch, granule, block, up, down, _TREE_TAGS, threads)
+    if not pipeline.run(math.inf if deadline is None else deadline, YIELD_POLL_S, POLL_SLEEP_S):
+        waits = "; ".join(pipeline.waiting_for())
+        pipeline.abandon()
+        _ABANDONED.append(pipeline)  # it holds buf and the scratch, where MPI may still write
+        _SCRATCH.__dict__.pop("buffers", None)
+        raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
 
 
 def _all_ranks_flow(rail, buf, op, algo, block_bytes, threads) -> _Sequence:

@@ -1,0 +1,9 @@
+# The C entry of hfr/_kernels.pyx, for other extensions (hfr/_tree.pyx combines blocks with it).
+
+cdef enum Kind:  # the element type a reduce runs on (signed sums and products run on the unsigned type)
+    F32, F64, I8, U8, I32, U32, I64, U64, BF16, FP16
+
+cdef int op_code(object op) except -1
+cdef Kind kernel_kind(object dtype, int code) except *
+cdef int reduce_nogil(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py_ssize_t n, int code,
+                      int threads) noexcept nogil
