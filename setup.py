@@ -1,4 +1,4 @@
-"""Builds hfr._kernels (-O3, SIMD for this CPU, its own pthread pool), hfr._tree and hfr._spin."""
+"""Builds hfr._kernels (-O3, SIMD for this CPU, its own pthread pool), hfr._internode and hfr._spin."""
 import os
 
 import numpy
@@ -19,7 +19,7 @@ kernels = Extension(
 )
 
 # The dbtree's pipeline in C; MPI's functions are looked up at import, so no MPI headers are needed here.
-tree = Extension("hfr._tree", ["hfr/_tree.pyx"], include_dirs=[numpy.get_include()], extra_compile_args=["-O2"],
+internode = Extension("hfr._internode", ["hfr/_internode.pyx"], include_dirs=[numpy.get_include()], extra_compile_args=["-O2"],
                  define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
 
 # Waits on the node's counters with the GIL released (hfr/engine.py falls back to Python polling).
@@ -27,7 +27,7 @@ spin = Extension("hfr._spin", ["hfr/_spin.pyx"], extra_compile_args=["-O2"])
 
 setup(
     ext_modules=cythonize(
-        [kernels, tree, spin],
+        [kernels, internode, spin],
         compiler_directives={
             "language_level": "3",
             "boundscheck": False,

@@ -5,7 +5,7 @@
 #   bench      allreduce on CuPy and NumPy arrays, n = 4 and 8 (~4 min)
 #   overlap    matrix products beside hfr's allreduce and beside plain copies (~1.5 min)
 #   torch      DDP step times (no communication, hfr's hook, gloo) and where a step's time goes (~3 min)
-#   internode  the tree step alone (and other block sizes) and the allreduce on 4 and 8 emulated nodes (~5 min)
+#   internode  the inter-node step alone and the allreduce on 4 and 8 emulated nodes (~5 min)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,13 +71,13 @@ internode)
     log "inter-node step alone, $n emulated nodes"
     timeout 150 $MPIRUN -n $n python3 -m mpi4py bench/internode_perf.py -b 8 -e 64M -f 4 -n 10 -w 3 2>&1 \
       | tee "$out/internode_n$n.txt"
-    for block in 128K 1M; do
-      log "dbtree with $block blocks, $n emulated nodes"
-      timeout 60 $MPIRUN -n $n python3 -m mpi4py bench/internode_perf.py -b 2M -e 32M -f 2 -n 10 -w 3 \
-        --algos dbtree --block-bytes $block 2>&1 | tee -a "$out/internode_blocks_n$n.txt"
-    done
+    log "dbtree and doubling around the switch, and dbtree from 2 MiB with 4 kernel threads, $n emulated nodes"
+    timeout 60 $MPIRUN -n $n python3 -m mpi4py bench/internode_perf.py -b 64K -e 1M -f 2 -n 10 -w 3 \
+      --algos dbtree,doubling 2>&1 | tee "$out/internode_switch_n$n.txt"
+    timeout 60 $MPIRUN -n $n python3 -m mpi4py bench/internode_perf.py -b 2M -e 32M -f 2 -n 10 -w 3 \
+      --algos dbtree --threads 4 2>&1 | tee "$out/internode_threads_n$n.txt"
     log "allreduce numpy, $n emulated nodes of 1 rank"
-    HFR_LOCAL_SIZE=1 perf $n -b 1M -e 64M -f 4 -n 5 -w 2 --array numpy --backends hfr,mpi \
+    HFR_LOCAL_SIZE=1 perf $n -b 8 -e 64M -f 8 -n 5 -w 2 --array numpy --backends hfr,mpi \
       | tee "$out/emulated_n$n.txt"
   done
   ;;

@@ -43,12 +43,14 @@ def main() -> None:
     parser.add_argument("-w", "--warmup", type=int, default=3)
     parser.add_argument("--block-bytes", default=str(internode.DEFAULT_BLOCK_BYTES))
     parser.add_argument("--algos", default=",".join(internode.ALGOS))
+    parser.add_argument("--threads", type=int, default=1, help="kernel threads for the combines")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     n, block_bytes = comm.Get_size(), parse_size(args.block_bytes)
     algos = args.algos.split(",")
     if comm.rank == 0:
-        print(f"# {n} ranks, float32 sum, block_bytes {block_bytes}, {args.iters} iters after {args.warmup} warmup")
+        print(f"# {n} ranks, float32 sum, block_bytes {block_bytes}, {args.threads} kernel thread(s), {args.iters} "
+              f"iters after {args.warmup} warmup")
         print(f"{'size':>10} {'algo':>8} {'time_us':>10} {'algbw':>8} {'busbw':>8} {'vs_mpi':>7}")
     size = parse_size(args.minbytes)
     while size <= parse_size(args.maxbytes):
@@ -58,7 +60,8 @@ def main() -> None:
         timings = {"MPI.Allreduce": time_calls(comm, lambda: comm.Allreduce(MPI.IN_PLACE, buf), iters, args.warmup)}
         for algo in algos:
             timings[algo] = time_calls(
-                comm, lambda: internode.allreduce(comm, buf, 0, Op.SUM, algo=algo, block_bytes=block_bytes),
+                comm, lambda: internode.allreduce(comm, buf, 0, Op.SUM, algo=algo, block_bytes=block_bytes,
+                                            threads=args.threads),
                 iters, args.warmup)
         if comm.rank == 0:
             for algo, seconds in timings.items():

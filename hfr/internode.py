@@ -14,16 +14,21 @@ buf and forwards it to its children. Up to BLOCKS_IN_FLIGHT blocks per tree are 
 both trees move together, and later blocks go up while earlier ones come down. Every rank ends with the
 root's bits, which depend only on the number of nodes, the dtype, the op and the data.
 reduce runs the up phase only, broadcast the down phase only, both on the trees rooted at `root`.
+The blocks move in C with the GIL released (hfr/_internode.pyx), as does doubling.
+
+doubling (chosen for small slices) is recursive doubling: log2 n swaps of the whole slice between rank
+pairs, both partners combining lower rank's partial op higher rank's, so every rank computes the same
+expression of the n slices and its bits depend on n, the dtype, the op and the data alone, like dbtree's.
 
 ring is reduce-scatter then allgather around the rail (n-1 steps each) over n equal *segments* of the
 slice; mpi is MPI's own (I)allreduce, with a user-defined op for float16 and bfloat16. gather is one
 MPI (I)allgather of every rank's slice, after which each rank combines the n slices itself in rail-rank
-order: one collective instead of a tree's 2 x depth hops, for small slices (it moves n x the slice);
-every rank computes the same sum in the same order, so its bits depend on the data alone too.
+order: one collective, moving n x the slice; every rank computes the same sum in the same order, so its
+bits depend on the data alone too.
 
 Messages are raw bytes (a uint8 view), matched in posting order (MPI does not let messages between two
-ranks with one tag overtake each other), one tag per (tree, phase). No wait blocks inside MPI: requests
-are polled, yielding the CPU between polls, until done or past the caller's deadline.
+ranks with one tag overtake each other), one tag per (tree, phase) and per algo. No wait blocks inside
+MPI: requests are polled, yielding the CPU between polls, until done or past the caller's deadline.
 """
 from __future__ import annotations
 
@@ -36,16 +41,16 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ._tree import BLOCKS_IN_FLIGHT, TreePipeline
+from ._internode import BLOCKS_IN_FLIGHT, Doubling, TreePipeline
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
 from .errors import HFRTimeoutError
 from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "choose_algo", "ALGOS", "TREE_GRANULE_BYTES",
-           "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "MPI_BELOW_BYTES", "GATHER_BELOW_BYTES"]
+           "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_BELOW_BYTES"]
 
-ALGOS = ("dbtree", "ring", "mpi", "gather")
+ALGOS = ("dbtree", "doubling", "ring", "mpi", "gather")
 TREE_GRANULE_BYTES = 1024 * 1024  # fixed: changing it changes which tree sums which element (1 MiB:
 # fewer Python steps per byte than 256 KiB, 1.5-2x faster at 64 MiB; arrays under 1 MiB use tree 0 alone)
 DEFAULT_BLOCK_BYTES = 256 * 1024
@@ -54,6 +59,7 @@ POLL_SLEEP_S = 50e-6  # ... then sleep this long (time.sleep(0) would sleep ~50 
 
 _TREE_TAGS = [(0x4846, 0x4848), (0x4847, 0x4849)]  # (up, down) by tree; all below MPI's smallest TAG_UB, 32767
 _RING_TAG = 0x484A
+_DOUBLING_TAG = 0x484B
 
 _MPI_OPS = {Op.SUM: MPI.SUM, Op.MAX: MPI.MAX, Op.MIN: MPI.MIN, Op.PROD: MPI.PROD}
 _HALF_MPI_OPS: dict[tuple[np.dtype, Op], MPI.Op] = {}  # made once per (dtype, op), never freed
@@ -69,15 +75,17 @@ def allreduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, *, algo: str 
     op = _check(rail, buf, first, op, algo, block_bytes)
     if rail.Get_size() == 1 or buf.size == 0:
         return
-    if algo == "mpi":
-        flows = [_Sequence(_mpi_allreduce(rail, buf, op))]
-    elif algo in ("ring", "gather"):
-        flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
-    else:
+    if algo == "dbtree":
         rank, n = rail.Get_rank(), rail.Get_size()
         nodes = [parent_children(rank, n, which) for which in TREES]
         return _run_trees(rail, buf, first, op, nodes, block_bytes, threads, deadline, "allreduce (dbtree)",
                           up=True, down=True)
+    if algo == "doubling":
+        return _run_doubling(rail, buf, op, threads, deadline)
+    if algo == "mpi":
+        flows = [_Sequence(_mpi_allreduce(rail, buf, op))]
+    else:
+        flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
     _drive(rail, flows, deadline, f"allreduce ({algo})")
 
 
@@ -85,17 +93,19 @@ def reduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, root: int, *, al
            block_bytes: int = DEFAULT_BLOCK_BYTES, deadline: Optional[float] = None, threads: int = 1) -> None:
     """buf on rail rank `root` = the op-reduction of buf over all rail ranks; other ranks' buf: unspecified.
 
-    algos "ring" and "gather" run their allreduce (every rank gets the result)."""
+    algos "doubling", "ring" and "gather" run their allreduce (every rank gets the result)."""
     op = _check(rail, buf, first, op, algo, block_bytes, root)
     if rail.Get_size() == 1 or buf.size == 0:
         return
-    if algo == "mpi":
-        flows = [_Sequence(_mpi_reduce(rail, buf, op, root))]
-    elif algo in ("ring", "gather"):
-        flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
-    else:
+    if algo == "dbtree":
         return _run_trees(rail, buf, first, op, _rooted_nodes(rail, root), block_bytes, threads, deadline,
                           f"reduce to {root} (dbtree)", up=True, down=False)
+    if algo == "doubling":
+        return _run_doubling(rail, buf, op, threads, deadline)
+    if algo == "mpi":
+        flows = [_Sequence(_mpi_reduce(rail, buf, op, root))]
+    else:
+        flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
     _drive(rail, flows, deadline, f"reduce to {root} ({algo})")
 
 
@@ -109,27 +119,21 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
                f"broadcast from {root}", up=False, down=True)
 
 
-MPI_BELOW_BYTES = 512 * 1024
-GATHER_BELOW_BYTES = 512 * 1024
+DOUBLING_BELOW_BYTES = 256 * 1024
 
 
 def choose_algo(nbytes: int, nnodes: int, dtype: np.dtype) -> str:
     """The algo for an allreduce of an array of nbytes and dtype over nnodes nodes (chosen by the
     call's size, never a chunk's: every chunk of a call takes the same algo).
 
-    Measured (bench/RESULTS.md; 4 and 8 ranks on one 16-core host, Open MPI 4.1.6): for integers,
-    below 512 KiB "mpi" (polled Iallreduce, 15-110 us) beats dbtree (95-240 us: four Python hops);
-    from 512 KiB dbtree. Floats take only algos whose bits do not depend on where the caller cuts its
-    array (mpi's and ring's do): gather while the n slices it gathers stay small (nnodes x nbytes <=
-    512 KiB: one collective, 2-4x faster than dbtree there; at 4 x 512 KiB and 8 x 128 KiB dbtree
-    already wins), else dbtree. ring beat dbtree by up to 1.6x between 512 KiB and 16 MiB but is never
-    chosen, for the same reason.
+    Measured (bench/RESULTS.md, "The inter-node step in C"): doubling (log2 n swaps of the whole slice)
+    up to 256 KiB, then dbtree (about 2 x the slice per node, pipelined in blocks). Both give bits that
+    do not depend on where the caller cuts its array, for every dtype; mpi's and ring's do, and gather
+    moves n x the slice to every node, so those three are never chosen.
     """
     if nnodes <= 1:
         return "dbtree"  # nothing moves
-    if np.dtype(dtype).kind in "iu":
-        return "mpi" if nbytes < MPI_BELOW_BYTES else "dbtree"
-    return "gather" if nnodes * nbytes <= GATHER_BELOW_BYTES else "dbtree"
+    return "doubling" if nbytes <= DOUBLING_BELOW_BYTES else "dbtree"
 
 
 # ---------------------------------------------------------------------------------------- arguments
@@ -213,14 +217,19 @@ def _drive(rail: MPI.Comm, flows: Sequence, deadline: Optional[float], what: str
 _SCRATCH = threading.local()  # per thread: {key: uint8 buffer}, reused so no call pays page faults
 
 
-def _scratch(key: object, shape: tuple, dtype: np.dtype) -> np.ndarray:
-    """A scratch array of shape for `key` (a tree, the ring, gather), reused by later calls on this thread."""
-    nbytes = math.prod(shape) * dtype.itemsize
+def _scratch(key: str, nbytes: int) -> np.ndarray:
+    """At least nbytes of scratch (uint8) for `key` (an algo), reused by later calls on this thread."""
     pool = _SCRATCH.__dict__.setdefault("buffers", {})
     buffer = pool.get(key)
     if buffer is None or buffer.size < nbytes:
         buffer = pool[key] = np.empty(nbytes, np.uint8)
-    return buffer[:nbytes].view(dtype).reshape(shape)
+    return buffer
+
+
+def _typed_scratch(key: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """A scratch array of shape and dtype for `key`."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    return _scratch(key, nbytes)[:nbytes].view(dtype).reshape(shape)
 
 
 def _bytes(a: np.ndarray) -> list:
@@ -237,18 +246,31 @@ def _rooted_nodes(rail: MPI.Comm, root: int) -> list[Node]:
 
 
 def _run_trees(rail, buf, first, op, nodes, block_bytes, threads, deadline, what, *, up, down) -> None:
-    """Both trees' blocks through hfr/_tree.pyx's pipeline, in C with the GIL released."""
+    """The trees' blocks through hfr/_internode.pyx's pipeline."""
     granule = TREE_GRANULE_BYTES // buf.itemsize
     block = min(max(1, block_bytes // buf.itemsize), granule, buf.size)
-    scratch = _scratch("tree", (len(TREES) * BLOCKS_IN_FLIGHT * 2 * block * buf.itemsize if up else 0,),
-                       np.dtype(np.uint8))  # per tree: BLOCKS_IN_FLIGHT slots of up to 2 children's blocks
-    pipeline = TreePipeline(rail, buf, first, op, nodes, scratch, granule, block, up, down, _TREE_TAGS, threads)
-    if not pipeline.run(math.inf if deadline is None else deadline, YIELD_POLL_S, POLL_SLEEP_S):
-        waits = "; ".join(pipeline.waiting_for())
-        pipeline.abandon()
-        _ABANDONED.append(pipeline)  # it holds buf and the scratch, where MPI may still write
+    scratch = _scratch("tree", len(TREES) * BLOCKS_IN_FLIGHT * 2 * block * buf.itemsize if up else 0)
+    # per tree: BLOCKS_IN_FLIGHT slots of up to 2 children's blocks
+    _run_in_c(rail, TreePipeline(rail, buf, op, scratch, threads, first, nodes, granule, block, up, down,
+                                 _TREE_TAGS), deadline, what)
+
+
+def _run_in_c(rail: MPI.Comm, schedule, deadline: Optional[float], what: str) -> None:
+    """Run one of hfr/_internode.pyx's schedules; HFRTimeoutError naming what is awaited once past deadline."""
+    if not schedule.run(math.inf if deadline is None else deadline, YIELD_POLL_S, POLL_SLEEP_S):
+        waits = "; ".join(schedule.waiting_for())
+        schedule.abandon()
+        _ABANDONED.append(schedule)  # it holds buf and the scratch, where MPI may still write
         _SCRATCH.__dict__.pop("buffers", None)
         raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
+
+
+# ---------------------------------------------------------------------------------------- doubling
+
+
+def _run_doubling(rail, buf, op, threads, deadline) -> None:
+    schedule = Doubling(rail, buf, op, _scratch("doubling", buf.nbytes), threads, _DOUBLING_TAG)
+    _run_in_c(rail, schedule, deadline, "allreduce (doubling)")
 
 
 def _all_ranks_flow(rail, buf, op, algo, block_bytes, threads) -> _Sequence:
@@ -263,7 +285,7 @@ def _all_ranks_flow(rail, buf, op, algo, block_bytes, threads) -> _Sequence:
 
 def _gather_allreduce(rail, buf, op, threads) -> Iterator[tuple[list[MPI.Request], str]]:
     """Gather every rank's slice, then combine them in rail-rank order, the same on every rank."""
-    gathered = _scratch("gather", (rail.Get_size(), buf.size), buf.dtype)
+    gathered = _typed_scratch("gather", (rail.Get_size(), buf.size), buf.dtype)
     yield [rail.Iallgather(_bytes(buf), _bytes(gathered))], "MPI's Iallgather (some rail rank has not joined it)"
     unchecked_reducer()(buf, list(gathered), op, threads)
 
@@ -280,7 +302,7 @@ def _ring_allreduce(rail, buf, op, block_bytes, threads) -> Iterator[tuple[list[
     def segment(k: int) -> np.ndarray:
         return buf[bounds[k % n]:bounds[k % n + 1]]
 
-    scratch = _scratch("ring", (max(bounds[k + 1] - bounds[k] for k in range(n)),), buf.dtype)
+    scratch = _typed_scratch("ring", (max(bounds[k + 1] - bounds[k] for k in range(n)),), buf.dtype)
     block = max(1, block_bytes // buf.itemsize)
     combine = unchecked_reducer()
 

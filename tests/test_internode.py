@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from hfr.internode import ALGOS, GATHER_BELOW_BYTES, MPI_BELOW_BYTES, choose_algo
+from hfr.internode import ALGOS, DOUBLING_BELOW_BYTES, choose_algo
 from tests.mpirun import run_mpi
 
 
@@ -14,7 +14,7 @@ from tests.mpirun import run_mpi
 def test_every_algo_dtype_op_size_and_root(nranks):
     out = run_mpi(nranks, "internode_worker.py", "check", timeout=120).stdout
     assert "OK allreduce" in out
-    assert "OK dbtree and gather bits independent of block_bytes and cuts" in out
+    assert "OK dbtree, doubling, gather bits independent of block_bytes and cuts" in out
     assert "OK reduce and broadcast from every root" in out
 
 
@@ -22,15 +22,15 @@ def test_dead_peer_times_out_naming_it():
     start = time.monotonic()
     out = run_mpi(2, "internode_worker.py", "dead_peer", timeout=60, check=False).stdout
     assert "OK dead peer" in out, out
-    for algo in ("dbtree", "ring", "mpi", "gather"):
+    for algo in ALGOS:
         assert f"OK {algo} timed out" in out, out
     assert time.monotonic() - start < 30
 
 
 def test_choose_algo():
     i32, f32 = np.dtype(np.int32), np.dtype(np.float32)
-    assert choose_algo(8, 4, i32) == "mpi" and choose_algo(MPI_BELOW_BYTES, 4, i32) == "dbtree"
-    assert choose_algo(8, 4, f32) == "gather" and choose_algo(GATHER_BELOW_BYTES // 4 + 4, 4, f32) == "dbtree"
-    # floats never take an algo whose bits depend on the cuts
-    assert all(choose_algo(1 << k, n, f32) in ("dbtree", "gather") for k in range(40) for n in (1, 2, 3, 64))
-    assert all(choose_algo(1 << k, n, i32) in ALGOS for k in range(40) for n in (1, 2, 3, 64))
+    for dtype in (i32, f32):
+        assert choose_algo(8, 4, dtype) == "doubling" and choose_algo(DOUBLING_BELOW_BYTES, 8, dtype) == "doubling"
+        assert choose_algo(DOUBLING_BELOW_BYTES + 4, 4, dtype) == "dbtree" and choose_algo(8, 1, dtype) == "dbtree"
+        # never an algo whose bits depend on the cuts
+        assert all(choose_algo(1 << k, n, dtype) in ("dbtree", "doubling") for k in range(40) for n in (1, 2, 3, 64))

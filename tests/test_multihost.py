@@ -105,16 +105,17 @@ def cluster(request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cluster,ranks_per_host,cut,loop", [(2, 2, 1, "mixed"), (3, 1, 1, "mixed"), (2, 1, 0, "mpi")],
+@pytest.mark.parametrize("cluster,ranks_per_host,cut,loop,algo",
+                         [(2, 2, 1, "mixed", "auto"), (3, 1, 1, "mixed", "auto"), (2, 1, 0, "small", "mpi")],
                          indirect=["cluster"],
-                         ids=["2 hosts x 2 ranks, dbtree and MPI", "3 hosts x 1 rank, dbtree and MPI",
+                         ids=["2 hosts x 2 ranks, dbtree and doubling", "3 hosts x 1 rank, dbtree and doubling",
                               "2 hosts x 1 rank, MPI Iallreduce only"])
-def test_a_cut_link_gives_a_timeout_on_every_rank_not_a_hang(cluster, ranks_per_host, cut, loop):
+def test_a_cut_link_gives_a_timeout_on_every_rank_not_a_hang(cluster, ranks_per_host, cut, loop, algo):
     hosts = len(cluster.hosts)
     ranks = hosts * ranks_per_host
     job = Job(cluster, ranks_per_host, [sys.executable, "-m", "mpi4py", str(WORKERS / "multihost_worker.py"),
                                         str(hosts), str(ranks_per_host), loop],
-              {"MULTIHOST_TIMEOUT": str(TIMEOUT_S), "HFR_CHUNK_BYTES": "256K"})
+              {"MULTIHOST_TIMEOUT": str(TIMEOUT_S), "HFR_CHUNK_BYTES": "256K", "HFR_ALGO": algo})
     try:
         started = job.wait_for("ready", ranks, time.monotonic() + 60)
         assert started, f"the ranks did not get ready across {hosts} hosts:\n{job.output}"
@@ -136,6 +137,7 @@ def test_a_cut_link_gives_a_timeout_on_every_rank_not_a_hang(cluster, ranks_per_
     # os._exit(0); its last line ("rank R done") is not counted: hydra can drop what a rank prints
     # just before it exits.
     assert "in the loop" in out and took < TIMEOUT_S + GRACE_S
-    if loop == "mpi":  # the cut lands in a polled MPI Iallreduce: the call check's or the data's
+    if algo == "mpi":  # the cut lands in a polled MPI Iallreduce: the call check's or the data's
         assert out.count("for the call check") + out.count("allreduce (mpi) timed out") == ranks, out
-    print(f"{hosts} hosts x {ranks_per_host}, {loop}: every rank timed out {took:.1f} s after the cut\n{out}")
+    print(f"{hosts} hosts x {ranks_per_host}, {loop} with {algo}: every rank timed out {took:.1f} s after the cut\n"
+          f"{out}")

@@ -1,7 +1,7 @@
 """Checks of hfr.internode on COMM_WORLD as the rail; run by tests/test_internode.py under mpiexec.
 
     internode_worker.py check      every algo, dtype, op and size; reduce and broadcast to every root;
-                                   dbtree's and gather's bits independent of blocks and of how the array is cut
+                                   dbtree's, doubling's and gather's bits independent of blocks and cuts
     internode_worker.py dead_peer  2 ranks, rank 1 never calls: rank 0 must time out, naming rank 1
 
 Every rank makes every rank's input from a seed (rank, case), so each computes the expected result
@@ -27,6 +27,7 @@ RANK, NRANKS = COMM.Get_rank(), COMM.Get_size()
 SIZES = (0, 1, 7, 100_003)
 UFUNCS = {Op.SUM: np.add, Op.MAX: np.maximum, Op.MIN: np.minimum, Op.PROD: np.multiply}
 POISON = 0xA5
+CUT_FREE_ALGOS = ("dbtree", "doubling", "gather")  # whose bits do not depend on how the array is cut
 
 
 def deadline() -> float:
@@ -96,13 +97,13 @@ def check_allreduce() -> None:
 
 
 def check_bits_do_not_depend_on_cuts() -> None:
-    """A float16 sum spanning several granules, with an odd first: dbtree and gather give the same bits
-    for any blocks and cuts."""
+    """A float16 sum spanning several granules, with an odd first: dbtree, doubling and gather give the
+    same bits for any blocks and cuts."""
     dtype, first = np.dtype(np.float16), 12_345
     granule = internode.TREE_GRANULE_BYTES // dtype.itemsize
     size = 3 * granule + 777
     data = make_input(RANK, dtype, Op.SUM, size, 1000)
-    for algo in ("dbtree", "gather"):
+    for algo in CUT_FREE_ALGOS:
         whole = data.copy()
         internode.allreduce(COMM, whole, first, Op.SUM, algo=algo, deadline=deadline())
         check_close(whole, expected(dtype, Op.SUM, size, 1000), dtype, Op.SUM, f"{algo} float16 several granules")
@@ -117,7 +118,7 @@ def check_bits_do_not_depend_on_cuts() -> None:
                 internode.allreduce(COMM, buf[start:stop], first + start, Op.SUM, algo=algo, deadline=deadline())
             assert digest(buf) == digest(whole), f"{algo} bits change when cut at {cuts}"
     if RANK == 0:
-        print("OK dbtree and gather bits independent of block_bytes and cuts")
+        print(f"OK {', '.join(CUT_FREE_ALGOS)} bits independent of block_bytes and cuts")
 
 
 def check_reduce_and_broadcast() -> None:

@@ -2,11 +2,11 @@
 
 argv: HOSTS RANKS_PER_HOST [LOOP]. Every rank
  1. checks that hfr's nodes are the hosts (MPI's COMM_TYPE_SHARED split, no HFR_LOCAL_SIZE);
- 2. allreduces a few arrays across them and checks the results (sums and max; the small int64 ones
-    cross nodes by a polled MPI Iallreduce, the float32 ones by the double binary tree in chunks);
+ 2. allreduces a few arrays across them and checks the results (sums and max; small arrays cross nodes
+    by recursive doubling, the larger ones by the double binary tree in chunks; HFR_ALGO may force one);
  3. prints "ready", then loops allreduces while the test takes one host's data link down: LOOP
-    "mixed" (the default) takes float32 through dbtree and int64 through MPI by turns, "mpi" only
-    the int64 ones (MPI's Iallreduce, polled with hfr's deadline);
+    "mixed" (the default) takes 4 MiB of float32 (dbtree) and 8 KiB of int64 (doubling) by turns,
+    "small" only the int64 ones;
  4. must get hfr.HFRError (HFRTimeoutError) within the communicator's timeout plus a few seconds of
     its last finished call, prints "rank R: <error type> after S s: <message>", checks that the
     communicator then refuses calls, and leaves at once with os._exit(0) (no MPI_Finalize: the peers'
@@ -29,7 +29,7 @@ world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 hosts, per_host = int(sys.argv[1]), int(sys.argv[2])
 loop = sys.argv[3] if len(sys.argv) > 3 else "mixed"
-assert loop in ("mixed", "mpi"), loop
+assert loop in ("mixed", "small"), loop
 assert size == hosts * per_host, (size, hosts, per_host)
 
 comm = hfr.Communicator(world, timeout=float(os.environ.get("MULTIHOST_TIMEOUT", "5")))
@@ -53,7 +53,7 @@ print(f"rank {rank} on {MPI.Get_processor_name()}: node {comm.node}/{comm.nnodes
       f"local rank {comm.local_rank}/{comm.local_size}: sums correct; ready", flush=True)
 
 big = np.ones(1 << 20, np.float32)  # 4 MiB: dbtree, in chunks
-small = np.ones(1 << 10, np.int64)  # 8 KiB of integers: MPI's Iallreduce
+small = np.ones(1 << 10, np.int64)  # 8 KiB of integers: doubling
 calls, start = 0, time.monotonic()
 last_done = start
 while True:

@@ -1,6 +1,7 @@
-"""The dbtree's block pipeline (hfr/internode.py's default algo), driven in C with the GIL released.
+"""The inter-node algorithms that run in C with the GIL released: dbtree's block pipeline (TreePipeline)
+and recursive doubling (Doubling). hfr/internode.py checks arguments and chooses; this moves the bytes.
 
-Terms as in hfr/internode.py: a *slice* buf holds global elements first .., each tree carries the
+dbtree. Terms as in hfr/internode.py: a *slice* buf holds global elements first .., each tree carries the
 granules of its parity, cut into *blocks*; blocks go up a tree (children's blocks received into scratch
 slots and combined with our own, the sum sent to the parent) and/or down it (received from the parent
 into buf, forwarded to the children). Each stage takes its tree's blocks in order; with the count of
@@ -13,6 +14,13 @@ blocks that have passed each stage:
         finished  the sends to the children completed
 At most IN_FLIGHT blocks are between any two stages, so each stage's requests fit a ring of IN_FLIGHT.
 
+doubling (for small slices: log2 steps instead of a tree's 2 x depth hops). With p the largest power of
+two <= n ranks, an *extra* rank r >= p first hands its slice to r - p, which combines the two; then for
+d = 1, 2, .. p/2 each rank r < p swaps its partial with r XOR d, and both combine (lower rank's
+partial) op (higher rank's); at last r - p hands the result back to r. Both partners of a swap combine
+the same operands in the same order, so every rank ends with the same bits, which depend on n, the dtype,
+the op and the data alone (not on how the caller cut its array).
+
 MPI is called through pointers to the functions of the MPI library that mpi4py loaded, with handles
 (communicator, datatype, request) as pointer-sized integers: MPICH's ABI has int handles, Open MPI's
 and the MPI standard ABI pointers; either is passed in one register or stack word, of which an int
@@ -20,7 +28,8 @@ parameter reads the low half (mpi4py gives MPICH's handles sign-extended to 64 b
 serves every ABI mpi4py does, without MPI's headers at build time. Statuses are never read.
 """
 from libc.stdint cimport uint64_t, uintptr_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy
 
 cimport numpy as cnp
 from hfr._kernels cimport Kind, kernel_kind, op_code, reduce_nogil
@@ -32,13 +41,14 @@ from mpi4py import MPI
 
 cnp.import_array()
 
-__all__ = ["TreePipeline", "BLOCKS_IN_FLIGHT"]
+__all__ = ["TreePipeline", "Doubling", "BLOCKS_IN_FLIGHT"]
 
 cdef enum:
     IN_FLIGHT = 4  # blocks per tree between two stages (with 1 MiB blocks 4 and 8 measured alike)
     MAX_CHILDREN = 2
     STATUS_WORDS = 8  # room for any ABI's MPI_Status (20 to 32 bytes)
     NO_MEMORY = -1  # Call.error when the kernel had no memory for its scratch tiles
+    PART_BYTES = 1 << 30  # doubling's messages: a step's slice goes in parts of at most this (int counts)
 
 ctypedef uint64_t Request  # storage for one MPI_Request: an int (MPICH) or a pointer
 
@@ -217,29 +227,25 @@ cdef inline bint _done(Flow* f) noexcept nogil:
     return (f.combined if f.parent < 0 else f.sent_up) == f.nblocks
 
 
-cdef bint _drive(Flow* flows, int nflows, Call* c, double deadline, double yield_s, long sleep_ns) noexcept nogil:
-    """Advance the flows until all are done (True), an MPI call fails (c.error) or deadline passes
-    (False). After progress stops: sched_yield for yield_s, then nap sleep_ns between polls."""
+# ---- polling --------------------------------------------------------------------------------------------
+
+ctypedef bint (*advance_fn)(void* state, Call* c, bint* done) noexcept nogil  # True if anything moved
+
+
+cdef bint _poll(advance_fn advance, void* state, Call* c, double deadline, double yield_s,
+                long sleep_ns) noexcept nogil:
+    """Advance until done (True), an MPI call fails (c.error) or deadline passes (False). After progress
+    stops: sched_yield for yield_s, then nap sleep_ns between polls."""
     cdef double last_progress = hfr_now(), now
-    cdef Py_ssize_t before
-    cdef int i
-    cdef bint all_done
+    cdef bint done = False, moved
     while True:
-        before, all_done = 0, True
-        for i in range(nflows):
-            before += _progress(&flows[i])
-            if flows[i].up:
-                _advance_up(&flows[i], c)
-            if flows[i].down:
-                _advance_down(&flows[i], c)
-            before -= _progress(&flows[i])
-            all_done = all_done and _done(&flows[i])
+        moved = advance(state, c, &done)
         if c.error:
             return False
-        if all_done:
+        if done:
             return True
         now = hfr_now()
-        if before != 0:
+        if moved:
             last_progress = now
             continue
         if now > deadline:
@@ -250,23 +256,16 @@ cdef bint _drive(Flow* flows, int nflows, Call* c, double deadline, double yield
             hfr_nap(sleep_ns)
 
 
-cdef class TreePipeline:
-    """One call's blocks on both trees (or on those given). Holds buf and the scratch arrays for as
-    long as it lives: after a timeout, keep it alive for good (MPI may still write into them)."""
+cdef class Schedule:
+    """What the C algorithms share: the call's buffers and MPI handles, polling, timeouts. After a
+    timeout, keep the object alive for good: it holds buf and the scratch, where MPI may still write."""
     cdef Call call
-    cdef Flow flows[2]
-    cdef int nflows
-    cdef object buffers  # buf and the scratch arrays, kept alive with the requests
+    cdef advance_fn advance
+    cdef void* state
+    cdef object buffers
 
-    def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, Py_ssize_t first, op, list nodes,
-                  cnp.ndarray scratch not None, Py_ssize_t granule, Py_ssize_t block, bint up, bint down,
-                  list tags, int threads):
-        """nodes[t] = (parent, children) of this rank in tree t (hfr.dbtree); scratch: contiguous bytes,
-        if up room for IN_FLIGHT x MAX_CHILDREN blocks per tree; granule and block in elements, block
-        <= granule; tags[t] = (up tag, down tag)."""
-        cdef Flow* f
-        cdef int t, i
-        self.nflows = 0
+    def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, op, cnp.ndarray scratch not None, int threads,
+                  *args):
         self.buffers = (buf, scratch)
         self.call.buf = <char*>cnp.PyArray_DATA(buf)
         self.call.itemsize = buf.itemsize
@@ -276,8 +275,75 @@ cdef class TreePipeline:
         self.call.comm = MPI._handleof(comm)
         self.call.byte = MPI._handleof(MPI.BYTE)
         self.call.error = 0
+
+    def run(self, double deadline, double yield_s, double sleep_s) -> bool:
+        """Move every byte with the GIL released: True once done, False once past deadline
+        (time.monotonic()'s clock); an MPI error raises MPI.Exception."""
+        cdef bint done
+        cdef long sleep_ns = <long>(sleep_s * 1e9)
+        with nogil:
+            done = _poll(self.advance, self.state, &self.call, deadline, yield_s, sleep_ns)
+        if self.call.error == NO_MEMORY:
+            raise MemoryError("hfr: no memory for the kernel's scratch tiles")
+        if self.call.error:
+            raise MPI.Exception(self.call.error)
+        return done
+
+    cdef _report(self, list waits, str where, Request* requests, int* peers, int n):
+        """Append `where` and the peers whose request is not complete, if any, to waits."""
+        late = [str(peers[i]) for i in range(n) if not _tested(&requests[i], &self.call)]
+        if late:
+            waits.append(f"{where} {', '.join(late)}")
+
+    cdef void _cancel(self, Request* request):
+        if not _tested(request, &self.call):
+            mpi_cancel(request)
+
+
+# ---- dbtree ----------------------------------------------------------------------------------------------
+
+ctypedef struct Trees:
+    int nflows
+    Flow flows[2]
+
+
+cdef bint _advance_trees(void* state, Call* c, bint* done) noexcept nogil:
+    cdef Trees* trees = <Trees*>state
+    cdef Py_ssize_t before = 0
+    cdef int t
+    done[0] = True
+    for t in range(trees.nflows):
+        before += _progress(&trees.flows[t])
+        if trees.flows[t].up:
+            _advance_up(&trees.flows[t], c)
+        if trees.flows[t].down:
+            _advance_down(&trees.flows[t], c)
+        before -= _progress(&trees.flows[t])
+        done[0] = done[0] and _done(&trees.flows[t])
+    return before != 0
+
+
+cdef class TreePipeline(Schedule):
+    """One call's blocks on the trees given, up and/or down."""
+    cdef Trees trees
+
+    def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, op, cnp.ndarray scratch not None, int threads,
+                  Py_ssize_t first, list nodes, Py_ssize_t granule, Py_ssize_t block, bint up, bint down,
+                  list tags):
+        """nodes[t] = (parent, children) of this rank in tree t (hfr.dbtree); scratch: contiguous bytes,
+        if up room for IN_FLIGHT x MAX_CHILDREN blocks per tree; granule and block in elements, block
+        <= granule; tags[t] = (up tag, down tag)."""
+        cdef Flow* f
+        cdef int t, i
+        self.advance, self.state = _advance_trees, &self.trees
+        self.trees.nflows = 0
+        if not 1 <= block <= granule:
+            raise ValueError(f"block must be 1 .. granule ({granule}) elements, got {block}")
+        if up and scratch.nbytes < len(nodes) * IN_FLIGHT * MAX_CHILDREN * block * buf.itemsize:
+            raise ValueError(f"scratch holds {scratch.nbytes} bytes, {len(nodes)} trees need "
+                             f"{len(nodes) * IN_FLIGHT * MAX_CHILDREN * block * buf.itemsize}")
         for t in range(len(nodes)):
-            f = &self.flows[t]
+            f = &self.trees.flows[t]
             parent, children = nodes[t]
             f.up, f.down, f.parent, f.nchildren = up, down, parent, len(children)
             for i in range(f.nchildren):
@@ -288,72 +354,168 @@ cdef class TreePipeline:
             f.bounds = <Py_ssize_t*>malloc(max(1, 2 * f.nblocks) * sizeof(Py_ssize_t))
             if f.bounds == NULL:
                 raise MemoryError()
-            self.nflows += 1
+            self.trees.nflows += 1
             _tree_blocks(first, buf.shape[0], granule, block, t, f.bounds, f.nblocks)
             f.slot_bytes = block * buf.itemsize
             f.scratch = <char*>cnp.PyArray_DATA(scratch) + t * IN_FLIGHT * MAX_CHILDREN * f.slot_bytes
-        if up and scratch.nbytes < len(nodes) * IN_FLIGHT * MAX_CHILDREN * block * buf.itemsize:
-            raise ValueError(f"scratch holds {scratch.nbytes} bytes, {len(nodes)} trees need "
-                             f"{len(nodes) * IN_FLIGHT * MAX_CHILDREN * block * buf.itemsize}")
-        if not 1 <= block <= granule:
-            raise ValueError(f"block must be 1 .. granule ({granule}) elements, got {block}")
 
     def __dealloc__(self):
-        for t in range(self.nflows):
-            free(self.flows[t].bounds)
-
-    def run(self, double deadline, double yield_s, double sleep_s) -> bool:
-        """Move every block through its stages with the GIL released: True once done, False once past
-        deadline (time.monotonic()'s clock); an MPI error raises MPI.Exception."""
-        cdef bint done
-        cdef long sleep_ns = <long>(sleep_s * 1e9)
-        with nogil:
-            done = _drive(self.flows, self.nflows, &self.call, deadline, yield_s, sleep_ns)
-        if self.call.error == NO_MEMORY:
-            raise MemoryError("hfr dbtree: no memory for the kernel's scratch tiles")
-        if self.call.error:
-            raise MPI.Exception(self.call.error)
-        return done
+        for t in range(self.trees.nflows):
+            free(self.trees.flows[t].bounds)
 
     def waiting_for(self) -> list:
         """The head block of each stage that is stuck, and the peers it waits on, in words."""
         cdef Flow* f
         cdef int t
         waits = []
-        for t in range(self.nflows):
-            f = &self.flows[t]
+        for t in range(self.trees.nflows):
+            f = &self.trees.flows[t]
             if f.up and f.combined < f.posted:
-                self._report(waits, t, f.combined, "from child", f.child_recv[f.combined % IN_FLIGHT],
+                self._report(waits, f"tree {t} block {f.combined} from child", f.child_recv[f.combined % IN_FLIGHT],
                              f.children, f.nchildren)
             if f.parent >= 0 and f.sent_up < f.combined:
-                self._report(waits, t, f.sent_up, "to be taken by parent", &f.parent_send[f.sent_up % IN_FLIGHT],
-                             &f.parent, 1)
+                self._report(waits, f"tree {t} block {f.sent_up} to be taken by parent",
+                             &f.parent_send[f.sent_up % IN_FLIGHT], &f.parent, 1)
             if f.parent >= 0 and f.arrived < f.listening:
-                self._report(waits, t, f.arrived, "from parent", &f.parent_recv[f.arrived % IN_FLIGHT],
+                self._report(waits, f"tree {t} block {f.arrived} from parent", &f.parent_recv[f.arrived % IN_FLIGHT],
                              &f.parent, 1)
             if f.finished < f.arrived:
-                self._report(waits, t, f.finished, "to be taken by child", f.child_send[f.finished % IN_FLIGHT],
-                             f.children, f.nchildren)
+                self._report(waits, f"tree {t} block {f.finished} to be taken by child",
+                             f.child_send[f.finished % IN_FLIGHT], f.children, f.nchildren)
         return waits
 
-    cdef _report(self, list waits, int t, Py_ssize_t block, str what, Request* requests, int* peers, int n):
-        late = [str(peers[i]) for i in range(n) if not _tested(&requests[i], &self.call)]
-        if late:
-            waits.append(f"tree {t} block {block} {what} {', '.join(late)}")
-
     def abandon(self) -> None:
-        """Cancel the receives still posted (the sends and this object's buffers stay as they are)."""
+        """Cancel the receives still posted (the sends stay as they are)."""
         cdef Flow* f
         cdef Py_ssize_t b
-        cdef int i
-        for t in range(self.nflows):
-            f = &self.flows[t]
+        cdef int i, t
+        for t in range(self.trees.nflows):
+            f = &self.trees.flows[t]
             for b in range(f.combined, f.posted):
                 for i in range(f.nchildren):
                     self._cancel(&f.child_recv[b % IN_FLIGHT][i])
             for b in range(f.arrived, f.listening):
                 self._cancel(&f.parent_recv[b % IN_FLIGHT])
 
-    cdef void _cancel(self, Request* request):
-        if not _tested(request, &self.call):
-            mpi_cancel(request)
+
+# ---- doubling --------------------------------------------------------------------------------------------
+
+cdef enum Received:  # what a doubling step does with the peer's slice
+    NOTHING  # this step only sends
+    OWN_FIRST  # buf = buf op theirs
+    THEIRS_FIRST  # buf = theirs op buf
+    RESULT  # theirs is the result: buf = theirs
+
+ctypedef struct Step:
+    int peer
+    bint send
+    Received received
+
+ctypedef struct Swaps:
+    int nsteps
+    Step steps[66]  # hand-off, up to 64 swaps, hand-back
+    int step  # the step under way
+    bint posted  # whether its requests are posted
+    int tag
+    int parts  # messages per direction: the slice in parts of at most PART_BYTES
+    Py_ssize_t nbytes
+    char* theirs  # scratch for the peer's slice
+    Request* requests  # parts sends, then parts receives
+
+
+cdef bint _advance_swaps(void* state, Call* c, bint* done) noexcept nogil:
+    cdef Swaps* s = <Swaps*>state
+    cdef Step* step
+    cdef void* inputs[2]
+    cdef char* into
+    cdef Py_ssize_t offset
+    cdef int i
+    cdef bint moved = False
+    while s.step < s.nsteps:
+        step = &s.steps[s.step]
+        into = c.buf if step.received == RESULT else s.theirs
+        if not s.posted:
+            for i in range(s.parts):
+                offset = <Py_ssize_t>i * PART_BYTES
+                if step.received != NOTHING:
+                    _failed(mpi_irecv(into + offset, <int>min(PART_BYTES, s.nbytes - offset), c.byte, step.peer,
+                                      s.tag, c.comm, &s.requests[s.parts + i]), c)
+                if step.send:
+                    _failed(mpi_isend(c.buf + offset, <int>min(PART_BYTES, s.nbytes - offset), c.byte, step.peer,
+                                      s.tag, c.comm, &s.requests[i]), c)
+            s.posted, moved = True, True
+        if (step.send and not _all_tested(s.requests, s.parts, c)) or (
+                step.received != NOTHING and not _all_tested(s.requests + s.parts, s.parts, c)):
+            break
+        if step.received == OWN_FIRST or step.received == THEIRS_FIRST:
+            # the kernel's out may alias its first input only: theirs first goes into theirs, then to buf
+            inputs[0], inputs[1] = (c.buf, s.theirs) if step.received == OWN_FIRST else (s.theirs, c.buf)
+            if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, s.nbytes // c.itemsize, c.code, c.threads):
+                c.error = NO_MEMORY
+                break
+            if step.received == THEIRS_FIRST:
+                memcpy(c.buf, s.theirs, s.nbytes)
+        s.step, s.posted, moved = s.step + 1, False, True
+    done[0] = s.step == s.nsteps
+    return moved
+
+
+cdef class Doubling(Schedule):
+    """One call's recursive doubling (the module notes)."""
+    cdef Swaps swaps
+
+    def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, op, cnp.ndarray scratch not None, int threads,
+                  int tag):
+        """scratch: contiguous room for buf's bytes."""
+        cdef int rank = comm.Get_rank(), n = comm.Get_size(), p = 1, d = 1
+        cdef Swaps* s = &self.swaps
+        self.advance, self.state = _advance_swaps, s
+        s.requests = NULL
+        if scratch.nbytes < buf.nbytes:
+            raise ValueError(f"scratch holds {scratch.nbytes} bytes, buf {buf.nbytes}")
+        while 2 * p <= n:
+            p *= 2
+        s.nsteps = s.step = s.posted = 0
+        s.tag, s.nbytes, s.theirs = tag, buf.nbytes, <char*>cnp.PyArray_DATA(scratch)
+        s.parts = max(1, (buf.nbytes + PART_BYTES - 1) // PART_BYTES)
+        s.requests = <Request*>calloc(2 * s.parts, sizeof(Request))
+        if s.requests == NULL:
+            raise MemoryError()
+        if rank >= p:  # an extra rank: hand off, then wait for the result
+            self._add(rank - p, True, NOTHING)
+            self._add(rank - p, False, RESULT)
+            return
+        if rank + p < n:
+            self._add(rank + p, False, OWN_FIRST)
+        while d < p:
+            self._add(rank ^ d, True, OWN_FIRST if rank < rank ^ d else THEIRS_FIRST)
+            d *= 2
+        if rank + p < n:
+            self._add(rank + p, True, NOTHING)
+
+    cdef void _add(self, int peer, bint send, Received received):
+        self.swaps.steps[self.swaps.nsteps] = Step(peer, send, received)
+        self.swaps.nsteps += 1
+
+    def __dealloc__(self):
+        free(self.swaps.requests)
+
+    def waiting_for(self) -> list:
+        """The step under way and the peer it waits on, in words."""
+        cdef Swaps* s = &self.swaps
+        waits = []
+        if s.step < s.nsteps and s.posted:
+            step = &s.steps[s.step]
+            if step.send:
+                self._report(waits, f"doubling step {s.step}: to be taken by", s.requests, &step.peer, 1)
+            if step.received != NOTHING:
+                self._report(waits, f"doubling step {s.step}: from", s.requests + s.parts, &step.peer, 1)
+        return waits
+
+    def abandon(self) -> None:
+        """Cancel the receives still posted (the sends stay as they are)."""
+        cdef Swaps* s = &self.swaps
+        cdef int i
+        if s.step < s.nsteps and s.posted and s.steps[s.step].received != NOTHING:
+            for i in range(s.parts):
+                self._cancel(&s.requests[s.parts + i])
