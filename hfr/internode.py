@@ -119,7 +119,7 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
                f"broadcast from {root}", up=False, down=True)
 
 
-DOUBLING_BELOW_BYTES = 256 * 1024
+DOUBLING_BELOW_BYTES = 512 * 1024
 
 
 def choose_algo(nbytes: int, nnodes: int, dtype: np.dtype) -> str:
@@ -127,7 +127,7 @@ def choose_algo(nbytes: int, nnodes: int, dtype: np.dtype) -> str:
     call's size, never a chunk's: every chunk of a call takes the same algo).
 
     Measured (bench/RESULTS.md, "The inter-node step in C"): doubling (log2 n swaps of the whole slice)
-    up to 256 KiB, then dbtree (about 2 x the slice per node, pipelined in blocks). Both give bits that
+    up to 512 KiB, then dbtree (about 2 x the slice per node, pipelined in blocks). Both give bits that
     do not depend on where the caller cuts its array, for every dtype; mpi's and ring's do, and gather
     moves n x the slice to every node, so those three are never chosen.
     """
