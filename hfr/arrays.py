@@ -7,7 +7,6 @@ TypeError/ValueError naming what is wrong, before anything is modified.
 """
 from __future__ import annotations
 
-import functools
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -30,8 +29,9 @@ class Array:
     device: Optional[int]  # CUDA device, None on the host
     dtype: np.dtype
     shape: tuple
-    library: str = "numpy"  # what the user passed: "numpy", "cupy" or "torch"
-    stream: Any = None  # CUDA arrays: the cupy stream (or ExternalStream) the caller's work is queued on
+    library: str  # what the user passed: "numpy", "cupy" or "torch"
+    stream: Any  # CUDA arrays: the cupy stream (or ExternalStream) the caller's work is queued on
+    address: int  # of the first element, on the host or the device
 
     @property
     def size(self) -> int:
@@ -40,10 +40,6 @@ class Array:
     @property
     def nbytes(self) -> int:
         return self.flat.size * self.dtype.itemsize
-
-    @functools.cached_property  # ~1 us to compute, read several times a call
-    def address(self) -> int:
-        return self.flat.ctypes.data if self.kind == "numpy" else self.flat.data.ptr
 
     def describe(self) -> str:
         where = "" if self.device is None else f" on CUDA device {self.device}"
@@ -77,7 +73,7 @@ def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
     if not x.flags.c_contiguous:
         raise ValueError(f"{name} is not C-contiguous (shape {x.shape}, strides {x.strides})")
     dtype = as_dtype(x.dtype)
-    return Array(x, x.reshape(-1), kind, device, dtype, tuple(x.shape), kind, stream)
+    return Array(x, x.reshape(-1), kind, device, dtype, tuple(x.shape), kind, stream, _address(x, kind))
 
 
 def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
@@ -111,7 +107,11 @@ def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
         flat, kind, device, stream = np.from_dlpack(bits).reshape(-1).view(dtype), "numpy", None, None
     if writable:
         torch.autograd.graph.increment_version(t)
-    return Array(t, flat, kind, device, dtype, tuple(t.shape), "torch", stream)
+    return Array(t, flat, kind, device, dtype, tuple(t.shape), "torch", stream, _address(flat, kind))
+
+
+def _address(a: Any, kind: str) -> int:
+    return a.__array_interface__["data"][0] if kind == "numpy" else a.data.ptr
 
 
 def check_out(x: Array, out: Any) -> Array:

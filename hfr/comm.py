@@ -155,7 +155,7 @@ class Communicator:
             if xa.device != self._device:
                 raise ValueError(f"x is on CUDA device {xa.device}, the communicator uses device {self._device}")
         result = oa.obj if receives else xa.obj
-        work = Work(f"{collective} of {xa.size} {xa.dtype} on rank {self.rank}", result)
+        work = Work(lambda: f"{collective} of {xa.size} {xa.dtype} on rank {self.rank}", result)
         if self._engine is None:  # one rank: the result is the input
             if receives and oa.address != xa.address:
                 oa.flat[...] = xa.flat

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .errors import HFRTimeoutError
 
@@ -12,8 +12,8 @@ __all__ = ["Work"]
 class Work:
     """Returned by the *_async calls. Calls on one Communicator complete in the order they were made."""
 
-    def __init__(self, description: str, result: Any):
-        self._description = description
+    def __init__(self, describe: Callable[[], str], result: Any):
+        self._describe = describe  # formatted only when needed: a dtype's str costs microseconds
         self._result = result
         self._error: Optional[BaseException] = None
         self._finished = threading.Event()
@@ -28,14 +28,14 @@ class Work:
         With a timeout, raises hfr.HFRTimeoutError (a TimeoutError) if it has not finished by then;
         the collective goes on and can be waited for again."""
         if not self._finished.wait(timeout):
-            raise HFRTimeoutError(f"{self._description} has not finished after {timeout} s")
+            raise HFRTimeoutError(f"{self._describe()} has not finished after {timeout} s")
         if self._error is not None:
             raise self._error
         return self._result
 
     def __repr__(self) -> str:
         state = "failed" if self._error else "done" if self.done() else "pending"
-        return f"<hfr.Work {self._description} {state}>"
+        return f"<hfr.Work {self._describe()} {state}>"
 
     # Called by the progress thread.
     def _succeed(self) -> None:
