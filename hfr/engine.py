@@ -320,7 +320,9 @@ class Engine:
                     internode.allreduce(self.rail_comm, votes, 0, Op.MAX, algo="doubling",
                                         deadline=time.monotonic() + self.timeout)
                 except HFRTimeoutError as error:
-                    raise HFRTimeoutError(f"rank {self.layout.rank}: the call check: {error}") from None
+                    layout = self.layout
+                    raise HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "
+                                          f"waited {self.timeout:g} s for the call check ({error})") from None
                 n = len(mine)
                 mismatch = bool(votes[0]) or bool((votes[1 : 1 + n] != -votes[1 + n :]).any())
             if mismatch:

@@ -137,7 +137,7 @@ def test_a_cut_link_gives_a_timeout_on_every_rank_not_a_hang(cluster, ranks_per_
     # os._exit(0); its last line ("rank R done") is not counted: hydra can drop what a rank prints
     # just before it exits.
     assert "in the loop" in out and took < TIMEOUT_S + GRACE_S
-    if algo == "mpi":  # the cut lands in a polled MPI Iallreduce: the call check's or the data's
+    if algo == "mpi":  # the cut lands in the call check (a doubling) or in the data's polled MPI Iallreduce
         assert out.count("for the call check") + out.count("allreduce (mpi) timed out") == ranks, out
     print(f"{hosts} hosts x {ranks_per_host}, {loop} with {algo}: every rank timed out {took:.1f} s after the cut\n"
           f"{out}")
