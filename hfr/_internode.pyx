@@ -398,76 +398,99 @@ cdef class TreePipeline(Schedule):
                 self._cancel(&f.parent_recv[b % IN_FLIGHT])
 
 
-# ---- doubling --------------------------------------------------------------------------------------------
+# ---- doubling and halving --------------------------------------------------------------------------------
 
-cdef enum Received:  # what a doubling step does with the peer's slice
+cdef enum Received:  # what a step does with the peer's elements
     NOTHING  # this step only sends
-    OWN_FIRST  # buf = buf op theirs
-    THEIRS_FIRST  # buf = theirs op buf
-    RESULT  # theirs is the result: buf = theirs
+    OWN_FIRST  # mine = mine op theirs
+    THEIRS_FIRST  # mine = theirs op mine
+    RESULT  # theirs are final: received straight into buf
 
-ctypedef struct Step:
+ctypedef struct Step:  # one exchange with one peer; element ranges [lo, hi) of buf
     int peer
-    bint send
+    Py_ssize_t send_lo, send_hi  # send_lo == send_hi: nothing to send
+    Py_ssize_t recv_lo, recv_hi
     Received received
 
 ctypedef struct Swaps:
     int nsteps
-    Step steps[66]  # hand-off, up to 64 swaps, hand-back
+    Step steps[2 * 64 + 2]  # hand-off, up to 64 halvings and 64 doublings, hand-back
     int step  # the step under way
     bint posted  # whether its requests are posted
     int tag
-    int parts  # messages per direction: the slice in parts of at most PART_BYTES
-    Py_ssize_t nbytes
-    char* theirs  # scratch for the peer's slice
+    int parts  # room for this many messages per direction (a range goes in parts of at most PART_BYTES)
+    char* theirs  # scratch for the peer's elements
     Request* requests  # parts sends, then parts receives
+
+
+cdef int _post(char* data, Py_ssize_t nbytes, bint send, int peer, Swaps* s, Request* requests,
+               Call* c) noexcept nogil:
+    """Post nbytes at data to or from peer in parts of at most PART_BYTES; returns the number of parts."""
+    cdef Py_ssize_t offset = 0
+    cdef int i = 0
+    while offset < nbytes:
+        if send:
+            _failed(mpi_isend(data + offset, <int>min(PART_BYTES, nbytes - offset), c.byte, peer, s.tag, c.comm,
+                              &requests[i]), c)
+        else:
+            _failed(mpi_irecv(data + offset, <int>min(PART_BYTES, nbytes - offset), c.byte, peer, s.tag, c.comm,
+                              &requests[i]), c)
+        offset += PART_BYTES
+        i += 1
+    return i
+
+
+cdef inline int _nparts(Py_ssize_t nbytes) noexcept nogil:
+    return <int>((nbytes + PART_BYTES - 1) // PART_BYTES)
 
 
 cdef bint _advance_swaps(void* state, Call* c, bint* done) noexcept nogil:
     cdef Swaps* s = <Swaps*>state
     cdef Step* step
     cdef void* inputs[2]
-    cdef char* into
-    cdef Py_ssize_t offset
-    cdef int i
+    cdef char* mine
+    cdef Py_ssize_t count
     cdef bint moved = False
     while s.step < s.nsteps:
         step = &s.steps[s.step]
-        into = c.buf if step.received == RESULT else s.theirs
+        count = step.recv_hi - step.recv_lo
+        mine = c.buf + step.recv_lo * c.itemsize
         if not s.posted:
-            for i in range(s.parts):
-                offset = <Py_ssize_t>i * PART_BYTES
-                if step.received != NOTHING:
-                    _failed(mpi_irecv(into + offset, <int>min(PART_BYTES, s.nbytes - offset), c.byte, step.peer,
-                                      s.tag, c.comm, &s.requests[s.parts + i]), c)
-                if step.send:
-                    _failed(mpi_isend(c.buf + offset, <int>min(PART_BYTES, s.nbytes - offset), c.byte, step.peer,
-                                      s.tag, c.comm, &s.requests[i]), c)
+            if step.received != NOTHING:
+                _post(mine if step.received == RESULT else s.theirs, count * c.itemsize, False, step.peer, s,
+                      s.requests + s.parts, c)
+            _post(c.buf + step.send_lo * c.itemsize, (step.send_hi - step.send_lo) * c.itemsize, True, step.peer,
+                  s, s.requests, c)
             s.posted, moved = True, True
-        if (step.send and not _all_tested(s.requests, s.parts, c)) or (
-                step.received != NOTHING and not _all_tested(s.requests + s.parts, s.parts, c)):
+        if not (_all_tested(s.requests, _nparts((step.send_hi - step.send_lo) * c.itemsize), c)
+                and _all_tested(s.requests + s.parts, _nparts(count * c.itemsize) if step.received else 0, c)):
             break
         if step.received == OWN_FIRST or step.received == THEIRS_FIRST:
             # the kernel's out may alias its first input only: theirs first goes into theirs, then to buf
-            inputs[0], inputs[1] = (c.buf, s.theirs) if step.received == OWN_FIRST else (s.theirs, c.buf)
-            if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, s.nbytes // c.itemsize, c.code, c.threads):
+            inputs[0], inputs[1] = (mine, s.theirs) if step.received == OWN_FIRST else (s.theirs, mine)
+            if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, count, c.code, c.threads):
                 c.error = NO_MEMORY
                 break
             if step.received == THEIRS_FIRST:
-                memcpy(c.buf, s.theirs, s.nbytes)
+                memcpy(mine, s.theirs, count * c.itemsize)
         s.step, s.posted, moved = s.step + 1, False, True
     done[0] = s.step == s.nsteps
     return moved
 
 
 cdef class Doubling(Schedule):
-    """One call's recursive doubling (the module notes)."""
+    """One call's recursive doubling, or with halving its recursive halving then doubling (the module
+    notes)."""
     cdef Swaps swaps
 
     def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, op, cnp.ndarray scratch not None, int threads,
-                  int tag):
+                  int tag, bint halving):
         """scratch: contiguous room for buf's bytes."""
-        cdef int rank = comm.Get_rank(), n = comm.Get_size(), p = 1, d = 1
+        cdef int rank = comm.Get_rank(), n = comm.Get_size(), p = 1, d
+        cdef Py_ssize_t size = buf.shape[0], lo = 0, hi = size, half
+        cdef Py_ssize_t los[64]
+        cdef Py_ssize_t his[64]
+        cdef int k = 0
         cdef Swaps* s = &self.swaps
         self.advance, self.state = _advance_swaps, s
         s.requests = NULL
@@ -476,25 +499,49 @@ cdef class Doubling(Schedule):
         while 2 * p <= n:
             p *= 2
         s.nsteps = s.step = s.posted = 0
-        s.tag, s.nbytes, s.theirs = tag, buf.nbytes, <char*>cnp.PyArray_DATA(scratch)
-        s.parts = max(1, (buf.nbytes + PART_BYTES - 1) // PART_BYTES)
+        s.tag, s.theirs = tag, <char*>cnp.PyArray_DATA(scratch)
+        s.parts = max(1, _nparts(buf.nbytes))
         s.requests = <Request*>calloc(2 * s.parts, sizeof(Request))
         if s.requests == NULL:
             raise MemoryError()
         if rank >= p:  # an extra rank: hand off, then wait for the result
-            self._add(rank - p, True, NOTHING)
-            self._add(rank - p, False, RESULT)
+            self._add(rank - p, 0, size, 0, 0, NOTHING)
+            self._add(rank - p, 0, 0, 0, size, RESULT)
             return
         if rank + p < n:
-            self._add(rank + p, False, OWN_FIRST)
-        while d < p:
-            self._add(rank ^ d, True, OWN_FIRST if rank < rank ^ d else THEIRS_FIRST)
-            d *= 2
+            self._add(rank + p, 0, 0, 0, size, OWN_FIRST)
+        if halving:  # d = p/2 .. 1: keep the half on my side of bit d, send the other, combine the kept one
+            d = p // 2
+            while d >= 1:
+                los[k], his[k], half = lo, hi, (hi - lo) // 2
+                if rank & d:
+                    self._add(rank ^ d, lo, lo + half, lo + half, hi, THEIRS_FIRST)
+                    lo += half
+                else:
+                    self._add(rank ^ d, lo + half, hi, lo, lo + half, OWN_FIRST)
+                    hi = lo + half
+                k += 1
+                d //= 2
+            d = 1
+            while d < p:  # then the halves back, in reverse: I own [lo, hi) of the range I split at this d
+                k -= 1
+                if rank & d:
+                    self._add(rank ^ d, lo, hi, los[k], lo, RESULT)
+                else:
+                    self._add(rank ^ d, lo, hi, hi, his[k], RESULT)
+                lo, hi = los[k], his[k]
+                d *= 2
+        else:
+            d = 1
+            while d < p:
+                self._add(rank ^ d, 0, size, 0, size, OWN_FIRST if rank < rank ^ d else THEIRS_FIRST)
+                d *= 2
         if rank + p < n:
-            self._add(rank + p, True, NOTHING)
+            self._add(rank + p, 0, size, 0, 0, NOTHING)
 
-    cdef void _add(self, int peer, bint send, Received received):
-        self.swaps.steps[self.swaps.nsteps] = Step(peer, send, received)
+    cdef void _add(self, int peer, Py_ssize_t send_lo, Py_ssize_t send_hi, Py_ssize_t recv_lo, Py_ssize_t recv_hi,
+                   Received received):
+        self.swaps.steps[self.swaps.nsteps] = Step(peer, send_lo, send_hi, recv_lo, recv_hi, received)
         self.swaps.nsteps += 1
 
     def __dealloc__(self):
@@ -503,19 +550,23 @@ cdef class Doubling(Schedule):
     def waiting_for(self) -> list:
         """The step under way and the peer it waits on, in words."""
         cdef Swaps* s = &self.swaps
+        cdef Step* step
         waits = []
         if s.step < s.nsteps and s.posted:
             step = &s.steps[s.step]
-            if step.send:
-                self._report(waits, f"doubling step {s.step}: to be taken by", s.requests, &step.peer, 1)
+            self._report(waits, f"step {s.step}: to be taken by", s.requests, &step.peer,
+                         min(1, step.send_hi - step.send_lo))
             if step.received != NOTHING:
-                self._report(waits, f"doubling step {s.step}: from", s.requests + s.parts, &step.peer, 1)
+                self._report(waits, f"step {s.step}: from", s.requests + s.parts, &step.peer,
+                             min(1, step.recv_hi - step.recv_lo))
         return waits
 
     def abandon(self) -> None:
         """Cancel the receives still posted (the sends stay as they are)."""
         cdef Swaps* s = &self.swaps
+        cdef Step* step
         cdef int i
         if s.step < s.nsteps and s.posted and s.steps[s.step].received != NOTHING:
-            for i in range(s.parts):
+            step = &s.steps[s.step]
+            for i in range(_nparts((step.recv_hi - step.recv_lo) * self.call.itemsize)):
                 self._cancel(&s.requests[s.parts + i])

@@ -50,7 +50,7 @@ from .ops import Op, as_dtype
 __all__ = ["allreduce", "reduce", "broadcast", "choose_algo", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_BELOW_BYTES"]
 
-ALGOS = ("dbtree", "doubling", "ring", "mpi", "gather")
+ALGOS = ("dbtree", "doubling", "halving", "ring", "mpi", "gather")
 TREE_GRANULE_BYTES = 1024 * 1024  # fixed: changing it changes which tree sums which element (1 MiB:
 # fewer Python steps per byte than 256 KiB, 1.5-2x faster at 64 MiB; arrays under 1 MiB use tree 0 alone)
 DEFAULT_BLOCK_BYTES = 256 * 1024
@@ -80,8 +80,8 @@ def allreduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, *, algo: str 
         nodes = [parent_children(rank, n, which) for which in TREES]
         return _run_trees(rail, buf, first, op, nodes, block_bytes, threads, deadline, "allreduce (dbtree)",
                           up=True, down=True)
-    if algo == "doubling":
-        return _run_doubling(rail, buf, op, threads, deadline)
+    if algo in ("doubling", "halving"):
+        return _run_doubling(rail, buf, op, threads, deadline, halving=algo == "halving")
     if algo == "mpi":
         flows = [_Sequence(_mpi_allreduce(rail, buf, op))]
     else:
@@ -93,15 +93,15 @@ def reduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, root: int, *, al
            block_bytes: int = DEFAULT_BLOCK_BYTES, deadline: Optional[float] = None, threads: int = 1) -> None:
     """buf on rail rank `root` = the op-reduction of buf over all rail ranks; other ranks' buf: unspecified.
 
-    algos "doubling", "ring" and "gather" run their allreduce (every rank gets the result)."""
+    algos "doubling", "halving", "ring" and "gather" run their allreduce (every rank gets the result)."""
     op = _check(rail, buf, first, op, algo, block_bytes, root)
     if rail.Get_size() == 1 or buf.size == 0:
         return
     if algo == "dbtree":
         return _run_trees(rail, buf, first, op, _rooted_nodes(rail, root), block_bytes, threads, deadline,
                           f"reduce to {root} (dbtree)", up=True, down=False)
-    if algo == "doubling":
-        return _run_doubling(rail, buf, op, threads, deadline)
+    if algo in ("doubling", "halving"):
+        return _run_doubling(rail, buf, op, threads, deadline, halving=algo == "halving")
     if algo == "mpi":
         flows = [_Sequence(_mpi_reduce(rail, buf, op, root))]
     else:
@@ -268,9 +268,9 @@ def _run_in_c(rail: MPI.Comm, schedule, deadline: Optional[float], what: str) ->
 # ---------------------------------------------------------------------------------------- doubling
 
 
-def _run_doubling(rail, buf, op, threads, deadline) -> None:
-    schedule = Doubling(rail, buf, op, _scratch("doubling", buf.nbytes), threads, _DOUBLING_TAG)
-    _run_in_c(rail, schedule, deadline, "allreduce (doubling)")
+def _run_doubling(rail, buf, op, threads, deadline, *, halving: bool) -> None:
+    schedule = Doubling(rail, buf, op, _scratch("doubling", buf.nbytes), threads, _DOUBLING_TAG, halving)
+    _run_in_c(rail, schedule, deadline, f"allreduce ({'halving' if halving else 'doubling'})")
 
 
 def _all_ranks_flow(rail, buf, op, algo, block_bytes, threads) -> _Sequence:

@@ -10,7 +10,7 @@ __all__ = ["chunk_bytes", "timeout", "threads", "algo", "DEFAULT_CHUNK_BYTES", "
 DEFAULT_CHUNK_BYTES = 8 << 20  # measured: 186 MiB on CuPy, n=4, 23.7 ms vs 33.8 with 4 MiB (bench/RESULTS.md)
 DEFAULT_TIMEOUT = 300.0  # seconds a rank waits for a peer before HFRTimeoutError
 CHUNK_ALIGN = 4096
-ALGOS = ("auto", "dbtree", "doubling", "ring", "mpi", "gather")
+ALGOS = ("auto", "dbtree", "doubling", "halving", "ring", "mpi", "gather")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 

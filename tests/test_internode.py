@@ -10,11 +10,11 @@ from hfr.internode import ALGOS, DOUBLING_BELOW_BYTES, choose_algo
 from tests.mpirun import run_mpi
 
 
-@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5, 8])
 def test_every_algo_dtype_op_size_and_root(nranks):
     out = run_mpi(nranks, "internode_worker.py", "check", timeout=120).stdout
     assert "OK allreduce" in out
-    assert "OK dbtree, doubling, gather bits independent of block_bytes and cuts" in out
+    assert "OK dbtree, doubling, halving, gather bits independent of block_bytes and cuts" in out
     assert "OK reduce and broadcast from every root" in out
 
 

@@ -1,7 +1,7 @@
 """Checks of hfr.internode on COMM_WORLD as the rail; run by tests/test_internode.py under mpiexec.
 
     internode_worker.py check      every algo, dtype, op and size; reduce and broadcast to every root;
-                                   dbtree's, doubling's and gather's bits independent of blocks and cuts
+                                   the bits of CUT_FREE_ALGOS independent of blocks and cuts
     internode_worker.py dead_peer  2 ranks, rank 1 never calls: rank 0 must time out, naming rank 1
 
 Every rank makes every rank's input from a seed (rank, case), so each computes the expected result
@@ -27,7 +27,7 @@ RANK, NRANKS = COMM.Get_rank(), COMM.Get_size()
 SIZES = (0, 1, 7, 100_003)
 UFUNCS = {Op.SUM: np.add, Op.MAX: np.maximum, Op.MIN: np.minimum, Op.PROD: np.multiply}
 POISON = 0xA5
-CUT_FREE_ALGOS = ("dbtree", "doubling", "gather")  # whose bits do not depend on how the array is cut
+CUT_FREE_ALGOS = ("dbtree", "doubling", "halving", "gather")  # whose bits do not depend on how the array is cut
 
 
 def deadline() -> float:
@@ -97,8 +97,8 @@ def check_allreduce() -> None:
 
 
 def check_bits_do_not_depend_on_cuts() -> None:
-    """A float16 sum spanning several granules, with an odd first: dbtree, doubling and gather give the
-    same bits for any blocks and cuts."""
+    """A float16 sum spanning several granules, with an odd first: each of CUT_FREE_ALGOS gives the same
+    bits for any blocks and cuts."""
     dtype, first = np.dtype(np.float16), 12_345
     granule = internode.TREE_GRANULE_BYTES // dtype.itemsize
     size = 3 * granule + 777
