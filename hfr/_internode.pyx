@@ -1,5 +1,6 @@
 """The inter-node algorithms that run in C with the GIL released: dbtree's block pipeline (TreePipeline)
-and recursive doubling (Doubling). hfr/internode.py checks arguments and chooses; this moves the bytes.
+and recursive doubling, alone or after recursive halving (Doubling). hfr/internode.py checks arguments and
+chooses; this moves the bytes.
 
 dbtree. Terms as in hfr/internode.py: a *slice* buf holds global elements first .., each tree carries the
 granules of its parity, cut into *blocks*; blocks go up a tree (children's blocks received into scratch
@@ -20,6 +21,12 @@ d = 1, 2, .. p/2 each rank r < p swaps its partial with r XOR d, and both combin
 partial) op (higher rank's); at last r - p hands the result back to r. Both partners of a swap combine
 the same operands in the same order, so every rank ends with the same bits, which depend on n, the dtype,
 the op and the data alone (not on how the caller cut its array).
+
+halving (Rabenseifner's allreduce, for mid-sized slices; extra ranks as in doubling): for d = p/2 .. 1 each rank
+sends its partner (r XOR d) the half of its current range that the partner keeps, receives the half it
+keeps and combines it (lower rank's partial first, as above); each rank then owns 1/p of the slice, summed.
+For d = 1 .. p/2 the owned ranges are swapped back, so ranges double until every rank holds the whole.
+Each element meets the same pairs in the same order, so its bits too depend on n, dtype, op and data alone.
 
 MPI is called through pointers to the functions of the MPI library that mpi4py loaded, with handles
 (communicator, datatype, request) as pointer-sized integers: MPICH's ABI has int handles, Open MPI's

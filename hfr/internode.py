@@ -14,11 +14,15 @@ buf and forwards it to its children. Up to BLOCKS_IN_FLIGHT blocks per tree are 
 both trees move together, and later blocks go up while earlier ones come down. Every rank ends with the
 root's bits, which depend only on the number of nodes, the dtype, the op and the data.
 reduce runs the up phase only, broadcast the down phase only, both on the trees rooted at `root`.
-The blocks move in C with the GIL released (hfr/_internode.pyx), as does doubling.
+The blocks move in C with the GIL released (hfr/_internode.pyx), as do doubling's and halving's.
 
 doubling (chosen for small slices) is recursive doubling: log2 n swaps of the whole slice between rank
 pairs, both partners combining lower rank's partial op higher rank's, so every rank computes the same
 expression of the n slices and its bits depend on n, the dtype, the op and the data alone, like dbtree's.
+halving (chosen for mid-sized slices) first halves: each swap sends the half of the current range that
+the partner keeps and combines the half it keeps, until each rank owns 1/n of the slice summed; then the
+owned parts are swapped back in reverse. Each element meets the same pairs in the same order, so its
+bits too depend on n, the dtype, the op and the data alone.
 
 ring is reduce-scatter then allgather around the rail (n-1 steps each) over n equal *segments* of the
 slice; mpi is MPI's own (I)allreduce, with a user-defined op for float16 and bfloat16. gather is one
@@ -48,7 +52,7 @@ from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "choose_algo", "ALGOS", "TREE_GRANULE_BYTES",
-           "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_BELOW_BYTES"]
+           "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES"]
 
 ALGOS = ("dbtree", "doubling", "halving", "ring", "mpi", "gather")
 TREE_GRANULE_BYTES = 1024 * 1024  # fixed: changing it changes which tree sums which element (1 MiB:
@@ -119,21 +123,25 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
                f"broadcast from {root}", up=False, down=True)
 
 
-DOUBLING_BELOW_BYTES = 512 * 1024
+DOUBLING_UP_TO_BYTES = 64 * 1024
+HALVING_UP_TO_BYTES = 1024 * 1024
 
 
 def choose_algo(nbytes: int, nnodes: int, dtype: np.dtype) -> str:
     """The algo for an allreduce of an array of nbytes and dtype over nnodes nodes (chosen by the
     call's size, never a chunk's: every chunk of a call takes the same algo).
 
-    Measured (bench/RESULTS.md, "The inter-node step in C"): doubling (log2 n swaps of the whole slice)
-    up to 512 KiB, then dbtree (about 2 x the slice per node, pipelined in blocks). Both give bits that
-    do not depend on where the caller cuts its array, for every dtype; mpi's and ring's do, and gather
-    moves n x the slice to every node, so those three are never chosen.
+    Measured on 4 and 8 emulated nodes (bench/RESULTS.md, "The inter-node step in C"): doubling (log2 n
+    swaps of the whole slice: fewest steps) up to 64 KiB; halving (2 log2 n steps moving 2 x the slice
+    in all) up to 1 MiB; then dbtree (pipelined in blocks). All three give bits that do not depend on
+    where the caller cuts its array, for every dtype; mpi's and ring's do, and gather moves n x the
+    slice to every node, so those three are never chosen.
     """
     if nnodes <= 1:
         return "dbtree"  # nothing moves
-    return "doubling" if nbytes <= DOUBLING_BELOW_BYTES else "dbtree"
+    if nbytes <= DOUBLING_UP_TO_BYTES:
+        return "doubling"
+    return "halving" if nbytes <= HALVING_UP_TO_BYTES else "dbtree"
 
 
 # ---------------------------------------------------------------------------------------- arguments
