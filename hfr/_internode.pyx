@@ -26,7 +26,8 @@ halving (Rabenseifner's allreduce, for mid-sized slices; extra ranks as in doubl
 sends its partner (r XOR d) the half of its current range that the partner keeps, receives the half it
 keeps and combines it (lower rank's partial first, as above); each rank then owns 1/p of the slice, summed.
 For d = 1 .. p/2 the owned ranges are swapped back, so ranges double until every rank holds the whole.
-Each element meets the same pairs in the same order, so its bits too depend on n, dtype, op and data alone.
+Each element meets the same pairs in the same order, so its bits too depend on n, dtype, op and data alone
+(not the same bits as doubling's, which pairs low bit first).
 
 MPI is called through pointers to the functions of the MPI library that mpi4py loaded, with handles
 (communicator, datatype, request) as pointer-sized integers: MPICH's ABI has int handles, Open MPI's
@@ -64,25 +65,28 @@ ctypedef int (*isend_fn)(const void* buf, int count, uintptr_t datatype, int des
 ctypedef int (*irecv_fn)(void* buf, int count, uintptr_t datatype, int source, int tag, uintptr_t comm,
                          Request* request) noexcept nogil
 ctypedef int (*test_fn)(Request* request, int* flag, uint64_t* status) noexcept nogil
-ctypedef int (*cancel_fn)(Request* request) noexcept nogil
+ctypedef int (*cancel_fn)(Request* request) noexcept nogil  # also MPI_Request_free's signature
 
 cdef isend_fn mpi_isend
 cdef irecv_fn mpi_irecv
 cdef test_fn mpi_test
 cdef cancel_fn mpi_cancel
+cdef cancel_fn mpi_request_free
 
 
 def _bind_mpi() -> None:
     """Look MPI's functions up in the library mpi4py loaded (dlsym through mpi4py's extension searches
     its dependencies, libmpi among them)."""
-    global mpi_isend, mpi_irecv, mpi_test, mpi_cancel
+    global mpi_isend, mpi_irecv, mpi_test, mpi_cancel, mpi_request_free
     lib = ctypes.CDLL(MPI.__file__)
 
     cdef uintptr_t isend = ctypes.cast(lib.MPI_Isend, ctypes.c_void_p).value
     cdef uintptr_t irecv = ctypes.cast(lib.MPI_Irecv, ctypes.c_void_p).value
     cdef uintptr_t test = ctypes.cast(lib.MPI_Test, ctypes.c_void_p).value
     cdef uintptr_t cancel = ctypes.cast(lib.MPI_Cancel, ctypes.c_void_p).value
+    cdef uintptr_t request_free = ctypes.cast(lib.MPI_Request_free, ctypes.c_void_p).value
     mpi_isend, mpi_irecv, mpi_test, mpi_cancel = <isend_fn>isend, <irecv_fn>irecv, <test_fn>test, <cancel_fn>cancel
+    mpi_request_free = <cancel_fn>request_free
 
 
 _bind_mpi()
@@ -189,7 +193,7 @@ cdef void _advance_up(Flow* f, Call* c) noexcept nogil:
                 inputs[1 + i] = _slot(f, b, i)
             if reduce_nogil(c.kind, c.itemsize, _block(f, c, b), inputs, 1 + f.nchildren,
                             _block_bytes(f, c, b) // c.itemsize, c.code, c.threads):
-                c.error = NO_MEMORY
+                _failed(NO_MEMORY, c)
                 return
         if not is_root:
             _failed(mpi_isend(_block(f, c, b), _block_bytes(f, c, b), c.byte, f.parent, f.up_tag, c.comm,
@@ -303,8 +307,10 @@ cdef class Schedule:
             waits.append(f"{where} {', '.join(late)}")
 
     cdef void _cancel(self, Request* request):
+        """Cancel a pending receive and free it (MPI then completes it on its own, cancelled or not)."""
         if not _tested(request, &self.call):
             mpi_cancel(request)
+            mpi_request_free(request)
 
 
 # ---- dbtree ----------------------------------------------------------------------------------------------
@@ -352,6 +358,8 @@ cdef class TreePipeline(Schedule):
         for t in range(len(nodes)):
             f = &self.trees.flows[t]
             parent, children = nodes[t]
+            if len(children) > MAX_CHILDREN:
+                raise ValueError(f"tree {t}: {len(children)} children, at most {MAX_CHILDREN}")
             f.up, f.down, f.parent, f.nchildren = up, down, parent, len(children)
             for i in range(f.nchildren):
                 f.children[i] = children[i]
@@ -476,7 +484,7 @@ cdef bint _advance_swaps(void* state, Call* c, bint* done) noexcept nogil:
             # the kernel's out may alias its first input only: theirs first goes into theirs, then to buf
             inputs[0], inputs[1] = (mine, s.theirs) if step.received == OWN_FIRST else (s.theirs, mine)
             if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, count, c.code, c.threads):
-                c.error = NO_MEMORY
+                _failed(NO_MEMORY, c)
                 break
             if step.received == THEIRS_FIRST:
                 memcpy(mine, s.theirs, count * c.itemsize)
@@ -561,11 +569,11 @@ cdef class Doubling(Schedule):
         waits = []
         if s.step < s.nsteps and s.posted:
             step = &s.steps[s.step]
-            self._report(waits, f"step {s.step}: to be taken by", s.requests, &step.peer,
-                         min(1, step.send_hi - step.send_lo))
-            if step.received != NOTHING:
-                self._report(waits, f"step {s.step}: from", s.requests + s.parts, &step.peer,
-                             min(1, step.recv_hi - step.recv_lo))
+            if not _all_tested(s.requests, _nparts((step.send_hi - step.send_lo) * self.call.itemsize), &self.call):
+                waits.append(f"step {s.step}: to be taken by {step.peer}")
+            if step.received != NOTHING and not _all_tested(
+                    s.requests + s.parts, _nparts((step.recv_hi - step.recv_lo) * self.call.itemsize), &self.call):
+                waits.append(f"step {s.step}: from {step.peer}")
         return waits
 
     def abandon(self) -> None:

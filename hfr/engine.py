@@ -317,8 +317,7 @@ class Engine:
                 # MPI's own Iallreduce cost 2-3x more than the whole doubling (bench/RESULTS.md).
                 votes = np.array([int(differs), *rows[0], *(-v for v in rows[0])], np.int64)
                 try:
-                    internode.allreduce(self.rail_comm, votes, 0, Op.MAX, algo="doubling",
-                                        deadline=time.monotonic() + self.timeout)
+                    internode.vote(self.rail_comm, votes, deadline=time.monotonic() + self.timeout)
                 except HFRTimeoutError as error:
                     layout = self.layout
                     raise HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "

@@ -22,7 +22,9 @@ expression of the n slices and its bits depend on n, the dtype, the op and the d
 halving (chosen for mid-sized slices) first halves: each swap sends the half of the current range that
 the partner keeps and combines the half it keeps, until each rank owns 1/n of the slice summed; then the
 owned parts are swapped back in reverse. Each element meets the same pairs in the same order, so its
-bits too depend on n, the dtype, the op and the data alone.
+bits too depend on n, the dtype, the op and the data alone. (doubling pairs ranks low bit first, halving high bit
+first, so the two give different bits: the algo, chosen by the call's size, never by a chunk's, is part
+of what a call's bits depend on; the cuts and block sizes are not.)
 
 ring is reduce-scatter then allgather around the rail (n-1 steps each) over n equal *segments* of the
 slice; mpi is MPI's own (I)allreduce, with a user-defined op for float16 and bfloat16. gather is one
@@ -51,7 +53,7 @@ from .errors import HFRTimeoutError
 from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
-__all__ = ["allreduce", "reduce", "broadcast", "choose_algo", "ALGOS", "TREE_GRANULE_BYTES",
+__all__ = ["allreduce", "reduce", "broadcast", "vote", "choose_algo", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES"]
 
 ALGOS = ("dbtree", "doubling", "halving", "ring", "mpi", "gather")
@@ -64,6 +66,7 @@ POLL_SLEEP_S = 50e-6  # ... then sleep this long (time.sleep(0) would sleep ~50 
 _TREE_TAGS = [(0x4846, 0x4848), (0x4847, 0x4849)]  # (up, down) by tree; all below MPI's smallest TAG_UB, 32767
 _RING_TAG = 0x484A
 _DOUBLING_TAG = 0x484B
+_VOTE_TAG = 0x484C
 
 _MPI_OPS = {Op.SUM: MPI.SUM, Op.MAX: MPI.MAX, Op.MIN: MPI.MIN, Op.PROD: MPI.PROD}
 _HALF_MPI_OPS: dict[tuple[np.dtype, Op], MPI.Op] = {}  # made once per (dtype, op), never freed
@@ -264,21 +267,40 @@ def _run_trees(rail, buf, first, op, nodes, block_bytes, threads, deadline, what
 
 
 def _run_in_c(rail: MPI.Comm, schedule, deadline: Optional[float], what: str) -> None:
-    """Run one of hfr/_internode.pyx's schedules; HFRTimeoutError naming what is awaited once past deadline."""
-    if not schedule.run(math.inf if deadline is None else deadline, YIELD_POLL_S, POLL_SLEEP_S):
+    """Run one of hfr/_internode.pyx's schedules; HFRTimeoutError naming what is awaited once past deadline.
+    A schedule that does not finish (timeout, MPI error, no memory) is abandoned: its receives cancelled,
+    it and its buffers kept for good, since MPI may still write there, and this thread's scratch dropped."""
+    try:
+        done = schedule.run(math.inf if deadline is None else deadline, YIELD_POLL_S, POLL_SLEEP_S)
+    except BaseException:
+        _abandon(schedule)
+        raise
+    if not done:
         waits = "; ".join(schedule.waiting_for())
-        schedule.abandon()
-        _ABANDONED.append(schedule)  # it holds buf and the scratch, where MPI may still write
-        _SCRATCH.__dict__.pop("buffers", None)
+        _abandon(schedule)
         raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
+
+
+def _abandon(schedule) -> None:
+    schedule.abandon()
+    _ABANDONED.append(schedule)
+    _SCRATCH.__dict__.pop("buffers", None)
 
 
 # ---------------------------------------------------------------------------------------- doubling
 
 
-def _run_doubling(rail, buf, op, threads, deadline, *, halving: bool) -> None:
-    schedule = Doubling(rail, buf, op, _scratch("doubling", buf.nbytes), threads, _DOUBLING_TAG, halving)
-    _run_in_c(rail, schedule, deadline, f"allreduce ({'halving' if halving else 'doubling'})")
+def _run_doubling(rail, buf, op, threads, deadline, *, halving: bool, tag: int = _DOUBLING_TAG,
+                  what: Optional[str] = None) -> None:
+    schedule = Doubling(rail, buf, op, _scratch("doubling", buf.nbytes), threads, tag, halving)
+    _run_in_c(rail, schedule, deadline, what or f"allreduce ({'halving' if halving else 'doubling'})")
+
+
+def vote(rail: MPI.Comm, votes: np.ndarray, deadline: Optional[float]) -> None:
+    """votes = their elementwise max over the rail, in place (int64; a doubling on a tag of its own, so
+    that messages a failed data step left behind can never match it)."""
+    if rail.Get_size() > 1:
+        _run_doubling(rail, votes, Op.MAX, 1, deadline, halving=False, tag=_VOTE_TAG, what="the call check's vote")
 
 
 def _all_ranks_flow(rail, buf, op, algo, block_bytes, threads) -> _Sequence:
