@@ -27,10 +27,10 @@ first, so the two give different bits: the algo, chosen by the call's size, neve
 of what a call's bits depend on; the cuts and block sizes are not.)
 
 ring is reduce-scatter then allgather around the rail (n-1 steps each) over n equal *segments* of the
-slice; mpi is MPI's own (I)allreduce, with a user-defined op for float16 and bfloat16. gather is one
-MPI (I)allgather of every rank's slice, after which each rank combines the n slices itself in rail-rank
-order: one collective, moving n x the slice; every rank computes the same sum in the same order, so its
-bits depend on the data alone too.
+slice; mpi is MPI's own (I)allreduce, with hfr's kernel as a user-defined op for float16, bfloat16 and
+8-bit sums and products. gather is one MPI (I)allgather of every rank's slice, after which each rank
+combines the n slices itself in rail-rank order: one collective, moving n x the slice; every rank
+computes the same sum in the same order, so its bits depend on the data alone too.
 
 Messages are raw bytes (a uint8 view), matched in posting order (MPI does not let messages between two
 ranks with one tag overtake each other), one tag per (tree, phase) and per algo. No wait blocks inside
@@ -69,7 +69,7 @@ _DOUBLING_TAG = 0x484B
 _VOTE_TAG = 0x484C
 
 _MPI_OPS = {Op.SUM: MPI.SUM, Op.MAX: MPI.MAX, Op.MIN: MPI.MIN, Op.PROD: MPI.PROD}
-_HALF_MPI_OPS: dict[tuple[np.dtype, Op], MPI.Op] = {}  # made once per (dtype, op), never freed
+_OWN_MPI_OPS: dict[tuple[np.dtype, Op], MPI.Op] = {}  # made once per (dtype, op), never freed
 _ABANDONED: list = []  # requests and pipelines left by a timeout, kept so that MPI never writes freed memory
 
 
@@ -354,19 +354,22 @@ def _ring_allreduce(rail, buf, op, block_bytes, threads) -> Iterator[tuple[list[
 
 
 def _mpi_spec(buf: np.ndarray, op: Op) -> tuple:
-    """The message spec and MPI op for buf: MPI's own types, or uint16 carrying a half type."""
-    if buf.itemsize != 2:
+    """The message spec and MPI op for buf: MPI's own types and ops, or hfr's kernel as a user-defined op
+    on raw unsigned words for the half types (no MPI type) and for 8-bit sums and products (Open MPI 4.1.6
+    saturates them: 3 x int8 100 summed to 127, not NumPy's wrapped 44)."""
+    if buf.itemsize > 2 or (buf.itemsize == 1 and op in (Op.MAX, Op.MIN)):
         return buf, _MPI_OPS[op]
     key = (buf.dtype, op)
-    if key not in _HALF_MPI_OPS:
+    if key not in _OWN_MPI_OPS:
         dtype = buf.dtype
 
         def combine(inbuf, inoutbuf, datatype) -> None:  # MPI's contract: inoutbuf = inbuf op inoutbuf
             acc = np.frombuffer(inoutbuf, dtype)
             reduce_into(acc, [acc, np.frombuffer(inbuf, dtype)], op, threads=1)
 
-        _HALF_MPI_OPS[key] = MPI.Op.Create(combine, commute=True)
-    return [buf.view(np.uint16), MPI.UINT16_T], _HALF_MPI_OPS[key]
+        _OWN_MPI_OPS[key] = MPI.Op.Create(combine, commute=True)
+    words = (np.uint8, MPI.UINT8_T) if buf.itemsize == 1 else (np.uint16, MPI.UINT16_T)
+    return [buf.view(words[0]), words[1]], _OWN_MPI_OPS[key]
 
 
 def _mpi_allreduce(rail, buf, op) -> Iterator[tuple[list[MPI.Request], str]]:

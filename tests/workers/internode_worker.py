@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
@@ -64,7 +65,7 @@ def check_close(result: np.ndarray, want: np.ndarray, dtype: np.dtype, op: Op, w
         bad = np.flatnonzero(result != want)
         assert bad.size == 0, f"{what}: {bad.size} wrong, first at {bad[0]}: {result[bad[0]]} != {want[bad[0]]}"
         return
-    eps = float(np.finfo(dtype).eps)
+    eps = float(ml_dtypes.finfo(dtype).eps)  # np.finfo knows bfloat16 only with newer ml_dtypes
     rounding = eps * (2 if accumulation_dtype(dtype) != dtype else 1)  # a half type: one rounding per combine
     tol = 4 * NRANKS * rounding * (np.abs(want) + (1 if op == Op.SUM else 0))
     err = np.abs(result.astype(np.float64) - want)
