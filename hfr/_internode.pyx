@@ -93,7 +93,7 @@ _bind_mpi()
 BLOCKS_IN_FLIGHT = IN_FLIGHT
 
 
-ctypedef struct Call:  # what both trees of one call share
+ctypedef struct Call:  # what every step of one call's schedule shares
     char* buf
     Py_ssize_t itemsize
     Kind kind
@@ -300,12 +300,6 @@ cdef class Schedule:
             raise MPI.Exception(self.call.error)
         return done
 
-    cdef _report(self, list waits, str where, Request* requests, int* peers, int n):
-        """Append `where` and the peers whose request is not complete, if any, to waits."""
-        late = [str(peers[i]) for i in range(n) if not _tested(&requests[i], &self.call)]
-        if late:
-            waits.append(f"{where} {', '.join(late)}")
-
     cdef void _cancel(self, Request* request):
         """Cancel a pending receive and free it (MPI then completes it on its own, cancelled or not)."""
         if not _tested(request, &self.call):
@@ -398,6 +392,12 @@ cdef class TreePipeline(Schedule):
                 self._report(waits, f"tree {t} block {f.finished} to be taken by child",
                              f.child_send[f.finished % IN_FLIGHT], f.children, f.nchildren)
         return waits
+
+    cdef _report(self, list waits, str where, Request* requests, int* peers, int n):
+        """Append `where` and the peers whose request is not complete, if any, to waits."""
+        late = [str(peers[i]) for i in range(n) if not _tested(&requests[i], &self.call)]
+        if late:
+            waits.append(f"{where} {', '.join(late)}")
 
     def abandon(self) -> None:
         """Cancel the receives still posted (the sends stay as they are)."""

@@ -281,10 +281,10 @@ class Engine:
         return self._cuda
 
     def _algo_for(self, call: Call) -> str:
-        """HFR_ALGO, or by the call's size and dtype (internode.choose_algo)."""
+        """HFR_ALGO, or by the call's size (internode.choose_algo)."""
         if self.algo != "auto":
             return self.algo
-        return internode.choose_algo(call.x.nbytes, self.layout.nnodes, call.x.dtype)
+        return internode.choose_algo(call.x.nbytes, self.layout.nnodes)
 
     # --- agreement before any data moves ------------------------------------------------------
     def _descriptor_column(self) -> int:

@@ -22,9 +22,9 @@ expression of the n slices and its bits depend on n, the dtype, the op and the d
 halving (chosen for mid-sized slices) first halves: each swap sends the half of the current range that
 the partner keeps and combines the half it keeps, until each rank owns 1/n of the slice summed; then the
 owned parts are swapped back in reverse. Each element meets the same pairs in the same order, so its
-bits too depend on n, the dtype, the op and the data alone. (doubling pairs ranks low bit first, halving high bit
-first, so the two give different bits: the algo, chosen by the call's size, never by a chunk's, is part
-of what a call's bits depend on; the cuts and block sizes are not.)
+bits too depend on n, the dtype, the op and the data alone. (doubling pairs ranks low bit first,
+halving high bit first, so the two give different bits: the algo, chosen by the call's size, never by a
+chunk's, is part of what a call's bits depend on; the cuts and block sizes are not.)
 
 ring is reduce-scatter then allgather around the rail (n-1 steps each) over n equal *segments* of the
 slice; mpi is MPI's own (I)allreduce, with hfr's kernel as a user-defined op for float16, bfloat16 and
@@ -130,9 +130,9 @@ DOUBLING_UP_TO_BYTES = 64 * 1024
 HALVING_UP_TO_BYTES = 1024 * 1024
 
 
-def choose_algo(nbytes: int, nnodes: int, dtype: np.dtype) -> str:
-    """The algo for an allreduce of an array of nbytes and dtype over nnodes nodes (chosen by the
-    call's size, never a chunk's: every chunk of a call takes the same algo).
+def choose_algo(nbytes: int, nnodes: int) -> str:
+    """The algo for an allreduce of an array of nbytes over nnodes nodes, whatever its dtype (chosen by
+    the call's size, never a chunk's: every chunk of a call takes the same algo).
 
     Measured on 4 and 8 emulated nodes (bench/RESULTS.md, "The inter-node step in C"): doubling (log2 n
     swaps of the whole slice: fewest steps) up to 64 KiB; halving (2 log2 n steps moving 2 x the slice
