@@ -212,8 +212,9 @@ class Engine:
         if deposits and not into_result:
             for c in range(min(STAGES, nchunks)):
                 deposit(c)
-        # The check waits for the node's ranks while our first copies run; it is settled before
-        # chunk 0 leaves this rank's own slots or reaches the caller's arrays.
+        # The check waits for the node's ranks while our first copies run; it is settled before this
+        # rank publishes chunk 0's arrival, so a mismatch leaves the node's counters and the sequence
+        # numbers where they were, the same on every rank, for the next call.
         settle = self._check(call, descriptor)
         if nchunks == 0:
             settle()
@@ -227,11 +228,11 @@ class Engine:
                 deposit(c)
             if c in pending_in:
                 copies.wait(pending_in.pop(c))  # our own copy: it finishes whatever the peers do
+            if c == 0:  # before any counter moves: a mismatch then leaves every rank's counters as they were
+                settle()
             self._publish(ARRIVED, g + 1)
             self._wait_all(ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in")
             self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out")
-            if c == 0:
-                settle()
             if straight_to_out:
                 result = out.flat[first : first + count]
             else:
@@ -301,8 +302,9 @@ class Engine:
 
     def _check(self, call: Call, mine: list[int]) -> Callable[[], None]:
         """Start checking that every rank announced the same call. Returns settle(), which raises
-        MismatchError on every rank unless they did: call it once, before anything leaves this rank
-        or reaches the caller's arrays. Across nodes settle() runs a small vote on the rail."""
+        MismatchError on every rank unless they did: call it once, before any counter but ANNOUNCED
+        moves and before anything reaches the caller's arrays. Across nodes settle() runs a small vote
+        on the rail."""
         column = self._descriptor_column()
         self._wait_all(ANNOUNCED, self._calls_done + 1, f"{call.collective}: the node's ranks to make the call")
         rows = self.segment.control[:, column : column + len(mine)].tolist()  # plain ints: cheap

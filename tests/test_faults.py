@@ -109,6 +109,17 @@ def test_mismatched_calls_raise_on_every_rank_and_the_next_call_works(local_size
     assert "mismatch ok" in run_mpi(3, "faults_worker.py", "mismatch", env=env).stdout
 
 
+# One node, one rank a node, 2 x 2 and 4 x 1: mismatches (a whole node, or one rank, differing) each
+# followed by a matched call that one rank joins late, every element checked.
+MISMATCH_LAYOUTS = [(3, None), (3, 1), (4, 2), (4, 1)]
+
+
+@pytest.mark.parametrize("nprocs,local_size", MISMATCH_LAYOUTS, ids=[f"{n}ranks-local{l}" for n, l in MISMATCH_LAYOUTS])
+def test_calls_after_mismatches_are_right_on_every_layout(nprocs, local_size):
+    env = {"HFR_LOCAL_SIZE": str(local_size)} if local_size else {}
+    assert "rounds ok" in run_mpi(nprocs, "faults_worker.py", "rounds", "100", env=env, timeout=180).stdout
+
+
 @pytest.mark.parametrize("local_size", [None, 1])
 def test_a_peer_that_never_calls_times_out(local_size, tmp_path):
     """The waiting ranks each leave a file once they have checked their error; how the launcher

@@ -2,6 +2,8 @@
 
 mismatch  ranks call with different count, dtype, op, root or collective: MismatchError on every
           rank, naming the field and the ranks; the next matched call works.
+rounds    argv[2] rounds of a mismatch (a whole node differing, or one rank) then a matched call that
+          one rank joins late, every element checked: the call after a failure is where state bugs hide.
 timeout   the last rank never calls: the others get HFRTimeoutError within the timeout plus a few
           seconds, and the communicator then refuses calls with HFRError; every rank exits.
 slow      the last rank calls late: Work.wait(timeout) raises a TimeoutError, the call then finishes.
@@ -45,6 +47,41 @@ if scenario == "mismatch":
                     "collective")
     y = comm.allreduce(x.copy())
     assert np.array_equal(y, np.arange(1000, dtype=np.float32) * size + sum(range(size)))
+    comm.close()
+elif scenario == "rounds":
+    layout = f"{comm.nnodes} x {comm.local_size}"
+    wrong = 0
+    for r in range(int(sys.argv[2])):
+        count = 1 + (r * 7919) % (3 << 16)  # one chunk to a few, odd sizes
+        # Ranks differ by node (each node agrees within) or one rank differs; op, count or collective.
+        odd = comm.node == r % comm.nnodes if r % 2 and comm.nnodes > 1 else rank == r % size
+        kind = ("op", "count", "collective")[r % 3]
+        a = np.ones(count + (kind == "count" and odd), np.float32)
+        try:
+            if kind == "collective" and odd:
+                comm.broadcast(a)
+            else:
+                comm.allreduce(a, op="max" if kind == "op" and odd else "sum")
+        except hfr.MismatchError as error:
+            assert kind in str(error), str(error)
+        else:
+            raise AssertionError(f"rank {rank}: round {r}: no MismatchError for a different {kind}")
+        if rank == (r * 5 + 1) % size:
+            time.sleep(0.02)  # a late rank: the others must wait for its data, not reduce stale slots
+        y = (np.arange(count) % 251 + rank + 1).astype(np.float32)
+        out = np.full(count, np.nan, np.float32)
+        if r % 4 == 3:
+            comm.allreduce_async(y, out=out).wait()
+        else:
+            comm.allreduce(y, out=out)
+        want = (np.arange(count) % 251) * size + size * (size + 1) // 2
+        bad = int((out != want).sum())
+        if bad:
+            print(f"rank {rank} ({layout}): round {r} ({kind}, {count} elements): {bad} wrong, "
+                  f"e.g. {out[out != want][:3]}", flush=True)
+        wrong += bad
+    wrong = world.allreduce(wrong)
+    assert wrong == 0, f"{wrong} wrong elements on {layout}"
     comm.close()
 elif scenario == "timeout":
     waiters = world.Split(color=int(rank != last), key=rank)  # to leave together, after every check
