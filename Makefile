@@ -13,7 +13,7 @@ BENCH_ARGS ?= -b 16 -e 64M -f 4 -n 10 -w 3 --table bench/out/allreduce_numpy.txt
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml setup.py hfr/_kernels.pyx hfr/_spin.pyx
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard hfr/*.pyx hfr/*.pxd)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[mpich,test,bench]'

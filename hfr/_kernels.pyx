@@ -19,6 +19,7 @@ same width, which wraps as NumPy does (signed overflow is undefined in C).
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
+from cython cimport floating
 
 cimport numpy as cnp
 import ml_dtypes
@@ -256,6 +257,14 @@ cdef void _fold(elem_t* acc, const elem_t* x, Py_ssize_t m, int op) noexcept nog
             acc[i] = acc[i] if (acc[i] < x[i]) | (acc[i] != acc[i]) else x[i]
 
 
+cdef void _divide(floating* acc, Py_ssize_t m, Py_ssize_t divisor) noexcept nogil:
+    """acc[i] /= divisor (the last step of avg, in the accumulation type, while the tile is in cache)."""
+    cdef floating d = <floating>divisor
+    cdef Py_ssize_t i
+    for i in range(m):
+        acc[i] = acc[i] / d
+
+
 # ---- float32 <-> half conversions (round to nearest even; NaN stays NaN) -------------------------
 
 cdef inline float _f32(uint32_t bits) noexcept nogil:
@@ -332,8 +341,9 @@ cdef void _narrow(half_t* dst, const float* src, Py_ssize_t m) noexcept nogil:
 # ---- one block, then all blocks -----------------------------------------------------------------
 
 cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t hi, int op,
-                       bint stream) noexcept nogil:
-    """out[lo:hi] = xs[0][lo:hi] op ... op xs[k-1][lo:hi], tile by tile.
+                       bint stream, Py_ssize_t divisor) noexcept nogil:
+    """out[lo:hi] = xs[0][lo:hi] op ... op xs[k-1][lo:hi], tile by tile; then, for a divisor other
+    than 1 (float sums only: avg), divided by it in the accumulation type before the one rounding.
 
     stream: finish each tile in a scratch tile and copy it out with non-temporal stores, so out's lines
     are not read from memory first (the read-for-ownership a plain store costs) nor left in the cache."""
@@ -343,7 +353,7 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
     cdef any_t* dst
     cdef Py_ssize_t start, m, j
     cdef Py_ssize_t tile = TILE_BYTES // 4 if any_t is bf16_t or any_t is fp16_t else TILE_BYTES // sizeof(any_t)
-    if k == 1:
+    if k == 1 and divisor == 1:
         if out != xs[0] and stream:
             hfr_stream_copy(out + lo, xs[0] + lo, (hi - lo) * sizeof(any_t))
             hfr_stream_fence()
@@ -363,12 +373,17 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
             for j in range(1, k):
                 _widen(tmp, xs[j] + start, m)
                 _fold(acc, tmp, m, op)
+            if divisor != 1:
+                _divide(acc, m, divisor)
             _narrow(dst, acc, m)
         else:
             if dst != xs[0] + start:
                 memcpy(dst, xs[0] + start, m * sizeof(any_t))
             for j in range(1, k):
                 _fold(dst, xs[j] + start, m, op)
+            if any_t is float or any_t is double:
+                if divisor != 1:
+                    _divide(dst, m, divisor)
         if stream:
             hfr_stream_copy(out + start, dst, m * sizeof(any_t))
         start += m
@@ -394,27 +409,27 @@ _KINDS = {
 
 
 cdef int _dispatch(Kind kind, void* out, void** xs, int k, Py_ssize_t lo, Py_ssize_t hi, int op,
-                   bint stream) noexcept nogil:
+                   bint stream, Py_ssize_t divisor) noexcept nogil:
     if kind == F32:
-        return _reduce_block(<float*>out, <float**>xs, k, lo, hi, op, stream)
+        return _reduce_block(<float*>out, <float**>xs, k, lo, hi, op, stream, divisor)
     elif kind == F64:
-        return _reduce_block(<double*>out, <double**>xs, k, lo, hi, op, stream)
+        return _reduce_block(<double*>out, <double**>xs, k, lo, hi, op, stream, divisor)
     elif kind == I8:
-        return _reduce_block(<int8_t*>out, <int8_t**>xs, k, lo, hi, op, stream)
+        return _reduce_block(<int8_t*>out, <int8_t**>xs, k, lo, hi, op, stream, divisor)
     elif kind == U8:
-        return _reduce_block(<uint8_t*>out, <uint8_t**>xs, k, lo, hi, op, stream)
+        return _reduce_block(<uint8_t*>out, <uint8_t**>xs, k, lo, hi, op, stream, divisor)
     elif kind == I32:
-        return _reduce_block(<int32_t*>out, <int32_t**>xs, k, lo, hi, op, stream)
+        return _reduce_block(<int32_t*>out, <int32_t**>xs, k, lo, hi, op, stream, divisor)
     elif kind == U32:
-        return _reduce_block(<uint32_t*>out, <uint32_t**>xs, k, lo, hi, op, stream)
+        return _reduce_block(<uint32_t*>out, <uint32_t**>xs, k, lo, hi, op, stream, divisor)
     elif kind == I64:
-        return _reduce_block(<int64_t*>out, <int64_t**>xs, k, lo, hi, op, stream)
+        return _reduce_block(<int64_t*>out, <int64_t**>xs, k, lo, hi, op, stream, divisor)
     elif kind == U64:
-        return _reduce_block(<uint64_t*>out, <uint64_t**>xs, k, lo, hi, op, stream)
+        return _reduce_block(<uint64_t*>out, <uint64_t**>xs, k, lo, hi, op, stream, divisor)
     elif kind == BF16:
-        return _reduce_block(<bf16_t*>out, <bf16_t**>xs, k, lo, hi, op, stream)
+        return _reduce_block(<bf16_t*>out, <bf16_t**>xs, k, lo, hi, op, stream, divisor)
     else:
-        return _reduce_block(<fp16_t*>out, <fp16_t**>xs, k, lo, hi, op, stream)
+        return _reduce_block(<fp16_t*>out, <fp16_t**>xs, k, lo, hi, op, stream, divisor)
 
 
 ctypedef struct Job:  # one reduce, cut into blocks of `per` elements
@@ -426,6 +441,7 @@ ctypedef struct Job:  # one reduce, cut into blocks of `per` elements
     Py_ssize_t per
     int op
     bint stream
+    Py_ssize_t divisor
 
 
 cdef int _run_block(void* job, int block) noexcept nogil:
@@ -433,16 +449,16 @@ cdef int _run_block(void* job, int block) noexcept nogil:
     cdef Py_ssize_t lo = block * j.per
     if lo >= j.n:
         return 0
-    return _dispatch(j.kind, j.out, j.xs, j.k, lo, min(lo + j.per, j.n), j.op, j.stream)
+    return _dispatch(j.kind, j.out, j.xs, j.k, lo, min(lo + j.per, j.n), j.op, j.stream, j.divisor)
 
 
 cdef int _reduce(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py_ssize_t n, int op,
-                 int threads) noexcept nogil:
+                 int threads, Py_ssize_t divisor) noexcept nogil:
     """Cut [0, n) into `threads` cache-line-aligned blocks, one per thread. Returns the number of
     blocks that could not get their scratch tiles (then out is partly written)."""
     cdef Py_ssize_t align = BLOCK_ALIGN_BYTES // itemsize
     cdef Job job
-    job.kind, job.out, job.xs, job.k, job.n, job.op = kind, out, xs, k, n, op
+    job.kind, job.out, job.xs, job.k, job.n, job.op, job.divisor = kind, out, xs, k, n, op, divisor
     job.per = ((n + threads - 1) // threads + align - 1) // align * align
     job.stream = n * itemsize >= STREAM_MIN_BYTES
     if threads == 1:
@@ -469,14 +485,16 @@ cdef int reduce_nogil(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int 
                       int threads) noexcept nogil:
     """out = xs[0] op ... op xs[k-1] over n elements on up to `threads` threads (fewer for small n).
     Returns nonzero when scratch tiles could not be had (then out is partly written)."""
-    return _reduce(kind, itemsize, out, xs, k, n, code, _threads_for((k + 1) * n * itemsize, threads))
+    return _reduce(kind, itemsize, out, xs, k, n, code, _threads_for((k + 1) * n * itemsize, threads), 1)
 
 
-def reduce(cnp.ndarray out, list inputs, op, int threads) -> None:
-    """out = inputs[0] op ... op inputs[-1]. Arguments are checked by hfr.kernels.check_arguments:
-    1-D C-contiguous arrays of one supported dtype and size; out is inputs[0] or overlaps none."""
+def reduce(cnp.ndarray out, list inputs, op, int threads, Py_ssize_t divisor=1) -> None:
+    """out = inputs[0] op ... op inputs[-1]; for Op.AVG the sum divided by divisor (float dtypes).
+    Arguments are checked by hfr.kernels.check_arguments: 1-D C-contiguous arrays of one supported
+    dtype and size; out is inputs[0] or overlaps none."""
     cdef int k = len(inputs)
-    cdef int code = op_code(op)
+    cdef bint avg = op is Op.AVG
+    cdef int code = SUM if avg else op_code(op)
     cdef Kind kind = kernel_kind(out.dtype, code)
     cdef Py_ssize_t n = out.shape[0]
     cdef Py_ssize_t itemsize = out.itemsize
@@ -488,7 +506,8 @@ def reduce(cnp.ndarray out, list inputs, op, int threads) -> None:
         for j in range(k):
             xs[j] = cnp.PyArray_DATA(inputs[j])
         with nogil:
-            failed = reduce_nogil(kind, itemsize, cnp.PyArray_DATA(out), xs, k, n, code, threads)
+            failed = _reduce(kind, itemsize, cnp.PyArray_DATA(out), xs, k, n, code,
+                             _threads_for((k + 1) * n * itemsize, threads), divisor if avg else 1)
     finally:
         free(xs)
     if failed:

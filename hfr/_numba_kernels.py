@@ -4,6 +4,7 @@ Terms (as in _kernels.pyx): k inputs x0..x(k-1); a block is the contiguous run o
 owns; a tile is TILE elements of a block, folded over all k inputs while it stays in L2, so each input is
 read once and out written once. float16 and bfloat16 arrive viewed as uint16 and are widened to float32
 tile by tile (Numba has no float16 on the CPU), combined in float32 and rounded once, to nearest even.
+avg divides each tile's sum by the divisor in the accumulation type before that rounding.
 Numba's integer arithmetic wraps, as NumPy's does.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .ops import Op
 __all__ = ["reduce"]
 
 SUM, MAX, MIN, PROD = 0, 1, 2, 3
-_OPS = {Op.SUM: SUM, Op.MAX: MAX, Op.MIN: MIN, Op.PROD: PROD}
+_OPS = {Op.SUM: SUM, Op.AVG: SUM, Op.MAX: MAX, Op.MIN: MIN, Op.PROD: PROD}
 TILE = 32768  # elements; as in _kernels.pyx, long runs of each input keep the prefetchers streaming
 BLOCK_ALIGN = 64  # elements: blocks start on cache lines
 MIN_BYTES_PER_THREAD = 256 * 1024
@@ -48,6 +49,14 @@ def _fold(acc, x, op):
 
 
 @njit(cache=True, inline="always")
+def _divide(acc, divisor):
+    """acc[i] /= divisor, in acc's type (avg's last step, while the tile is in cache)."""
+    d = acc.dtype.type(divisor)
+    for i in range(acc.size):
+        acc[i] = acc[i] / d
+
+
+@njit(cache=True, inline="always")
 def _block(t, nthreads, n):
     """[lo, hi) of thread t's block."""
     per = ((n + nthreads - 1) // nthreads + BLOCK_ALIGN - 1) // BLOCK_ALIGN * BLOCK_ALIGN
@@ -55,7 +64,7 @@ def _block(t, nthreads, n):
 
 
 @njit(cache=True, parallel=True)
-def _reduce_plain(out, xs, op, nthreads):
+def _reduce_plain(out, xs, op, divisor, nthreads):
     for t in prange(nthreads):
         lo, hi = _block(t, nthreads, out.size)
         for start in range(lo, hi, TILE):
@@ -65,6 +74,8 @@ def _reduce_plain(out, xs, op, nthreads):
                 dst[i] = x0[i]
             for j in range(1, len(xs)):
                 _fold(dst, xs[j][start:stop], op)
+            if divisor != 1:
+                _divide(dst, divisor)
 
 
 @njit(cache=True, inline="always")
@@ -105,7 +116,7 @@ def _narrow(h, src_bits, src, tmp_bits, tmp, is_bf16):
 
 
 @njit(cache=True, parallel=True)
-def _reduce_half(out, xs, op, is_bf16, nthreads):
+def _reduce_half(out, xs, op, divisor, is_bf16, nthreads):
     k = len(xs)
     for t in prange(nthreads):
         lo, hi = _block(t, nthreads, out.size)
@@ -120,16 +131,20 @@ def _reduce_half(out, xs, op, is_bf16, nthreads):
             for j in range(1, k):
                 _widen(tmp_b, tmp, xs[j][start:stop], is_bf16)
                 _fold(acc, tmp, op)
+            if divisor != 1:
+                _divide(acc, divisor)
             _narrow(out[start:stop], acc_b, acc, tmp_b, tmp, is_bf16)
 
 
-def reduce(out: np.ndarray, inputs: Sequence[np.ndarray], op: Op, threads: int) -> None:
-    """out = inputs[0] op ... op inputs[-1], for arguments checked by hfr.kernels.check_arguments."""
+def reduce(out: np.ndarray, inputs: Sequence[np.ndarray], op: Op, threads: int, divisor: int = 1) -> None:
+    """out = inputs[0] op ... op inputs[-1] (avg: the sum / divisor), for arguments checked by
+    hfr.kernels.check_arguments."""
     nthreads = max(1, min(threads, numba.config.NUMBA_NUM_THREADS, (len(inputs) + 1) * out.nbytes // MIN_BYTES_PER_THREAD))
     numba.set_num_threads(nthreads)
     code = _OPS[op]
+    divisor = divisor if op is Op.AVG else 1
     if out.dtype in _HALF_KINDS:
         xs = List([x.view(np.uint16) for x in inputs])
-        _reduce_half(out.view(np.uint16), xs, code, _HALF_KINDS[out.dtype], nthreads)
+        _reduce_half(out.view(np.uint16), xs, code, divisor, _HALF_KINDS[out.dtype], nthreads)
     else:
-        _reduce_plain(out, List(inputs), code, nthreads)
+        _reduce_plain(out, List(inputs), code, divisor, nthreads)

@@ -11,12 +11,10 @@ from . import settings, topology
 from .arrays import Array, check_out, inspect
 from .engine import Call, Engine
 from .errors import HFRError
-from .ops import Op, OpLike, accumulation_dtype, as_op
+from .ops import Op, OpLike, as_op, is_float
 from .work import Work
 
 __all__ = ["Communicator"]
-
-_FLOAT_KINDS = "fV"  # numpy kinds of float16/32/64 and of ml_dtypes' bfloat16
 
 
 class Communicator:
@@ -147,7 +145,7 @@ class Communicator:
         xa = inspect(x, "x", writable=receives and out is None)
         oa = xa if out is None else check_out(xa, out)
         op = as_op(op)
-        if op is Op.AVG and accumulation_dtype(xa.dtype).kind not in _FLOAT_KINDS:
+        if op is Op.AVG and not is_float(xa.dtype):
             raise TypeError(f"op 'avg' needs a float dtype, x has {xa.dtype}")
         if xa.kind == "cupy":
             if self._device is None:

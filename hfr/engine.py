@@ -33,7 +33,7 @@ from . import internode, kernels
 from .arrays import Array
 from .copies import CudaCopies, HostCopies, finished
 from .errors import HFRError, HFRTimeoutError, MismatchError
-from .ops import DTYPES, Op, accumulation_dtype, dtype_code, op_code
+from .ops import DTYPES, Op, dtype_code, op_code
 from .shm import ROW_WORDS, Segment
 from .topology import Layout
 from .work import Work
@@ -80,15 +80,6 @@ def slice_bounds(count: int, parts: int, part: int, align: int) -> tuple[int, in
         return count if j >= parts else (j * count // parts) // align * align
 
     return edge(part), edge(part + 1)
-
-
-def divide(buf: np.ndarray, n: int) -> None:
-    """buf /= n, in the accumulation type, rounded once (the last step of avg)."""
-    acc = accumulation_dtype(buf.dtype)
-    if acc == buf.dtype:
-        np.divide(buf, n, out=buf)
-    else:
-        buf[...] = (buf.astype(acc) / acc.type(n)).astype(buf.dtype)
 
 
 class Engine:
@@ -246,17 +237,17 @@ class Engine:
                           for j in range(layout.local_size)]
                 if own_slice_from_x:
                     inputs[layout.local_rank] = x.flat[first + lo : first + hi]
+                # avg: the node's sum divided by every rank's count, here, once (so across nodes the
+                # partial means are summed: no half-type overflow where the mean fits).
                 kernel_op = Op.SUM if call.op is Op.AVG else call.op
-                if not (straight_to_out and out.address == x.address):
-                    self._reduce(result, inputs, kernel_op, self.threads)
+                if call.op is Op.AVG or not (straight_to_out and out.address == x.address):
+                    self._reduce(result, inputs, call.op, self.threads, layout.size)
                 if layout.nnodes > 1 and call.collective == "allreduce":
                     internode.allreduce(self.rail_comm, result, first + lo, kernel_op, algo=algo,
                                         deadline=deadline, threads=self.threads)
                 elif layout.nnodes > 1:
                     internode.reduce(self.rail_comm, result, first + lo, kernel_op, root_node, algo=algo,
                                      deadline=deadline, threads=self.threads)
-                if call.op is Op.AVG:
-                    divide(result, layout.size)
             self._publish(REDUCED, g + 1)
             self._wait_all(REDUCED, g + 1, f"{where}: the node's ranks to finish their slices")
             token = None

@@ -2,7 +2,8 @@
 
 Per element the inputs are combined left to right, ((x0 op x1) op x2) ..., in the accumulation type
 (float32 for float16 and bfloat16, rounded once at the end; the dtype itself otherwise), so every
-backend gives the bits of the NumPy reference. Integers wrap as NumPy's do; max and min propagate NaN
+backend gives the bits of the NumPy reference. avg is the sum divided by a divisor in the accumulation
+type, before that one rounding, by the same pass (float dtypes only). Integers wrap as NumPy's do; max and min propagate NaN
 as np.maximum and np.minimum do.
 """
 from __future__ import annotations
@@ -12,31 +13,30 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from .ops import Op, OpLike, accumulation_dtype, as_dtype, as_op
+from .ops import Op, OpLike, accumulation_dtype, as_dtype, as_op, is_float
 
 __all__ = ["reduce_into", "unchecked_reducer", "available_backends", "BACKENDS"]
 
 BACKENDS = ("cython", "numba", "numpy")
-KERNEL_OPS = (Op.SUM, Op.MAX, Op.MIN, Op.PROD)
-_UFUNCS = {Op.SUM: np.add, Op.MAX: np.maximum, Op.MIN: np.minimum, Op.PROD: np.multiply}
+KERNEL_OPS = (Op.SUM, Op.MAX, Op.MIN, Op.PROD)  # the ops that combine; AVG is SUM then one division
+_UFUNCS = {Op.SUM: np.add, Op.AVG: np.add, Op.MAX: np.maximum, Op.MIN: np.minimum, Op.PROD: np.multiply}
 
 
-def _reduce_numpy(out: np.ndarray, inputs: Sequence[np.ndarray], op: Op, threads: int) -> None:
-    """The reference: the chain of ufunc calls, in the accumulation type."""
+def _reduce_numpy(out: np.ndarray, inputs: Sequence[np.ndarray], op: Op, threads: int, divisor: int = 1) -> None:
+    """The reference: the chain of ufunc calls, in the accumulation type (avg: then the division)."""
     ufunc = _UFUNCS[op]
     acc_dtype = accumulation_dtype(out.dtype)
-    if acc_dtype == out.dtype:
-        np.copyto(out, inputs[0])
-        for x in inputs[1:]:
-            ufunc(out, x, out=out)
-        return
-    acc = inputs[0].astype(acc_dtype)
+    acc = out if acc_dtype == out.dtype else np.empty(out.shape, acc_dtype)
+    np.copyto(acc, inputs[0])
     for x in inputs[1:]:
-        ufunc(acc, x.astype(acc_dtype), out=acc)
-    np.copyto(out, acc.astype(out.dtype))
+        ufunc(acc, x if acc is out else x.astype(acc_dtype), out=acc)
+    if op is Op.AVG:
+        np.divide(acc, acc_dtype.type(divisor), out=acc)
+    if acc is not out:
+        np.copyto(out, acc.astype(out.dtype))
 
 
-ReduceFn = Callable[[np.ndarray, Sequence[np.ndarray], Op, int], None]
+ReduceFn = Callable[..., None]  # fn(out, inputs, op, threads, divisor=1)
 _LOADED: dict[str, Optional[ReduceFn]] = {"numpy": _reduce_numpy}
 
 
@@ -72,8 +72,10 @@ def _flat(a: np.ndarray, what: str) -> np.ndarray:
     return a.reshape(-1)
 
 
-def check_arguments(out: np.ndarray, inputs: Sequence[np.ndarray], op: OpLike) -> tuple[np.ndarray, list[np.ndarray], Op]:
-    """Flat views of out and inputs and the Op, or TypeError/ValueError naming what is wrong."""
+def check_arguments(out: np.ndarray, inputs: Sequence[np.ndarray], op: OpLike,
+                    divisor: Optional[int] = None) -> tuple[np.ndarray, list[np.ndarray], Op, int]:
+    """Flat views of out and inputs, the Op and avg's divisor (default: the number of inputs), or
+    TypeError/ValueError naming what is wrong."""
     out_flat = _flat(out, "out")
     if not out.flags.writeable:
         raise ValueError("out is read-only")
@@ -95,9 +97,15 @@ def check_arguments(out: np.ndarray, inputs: Sequence[np.ndarray], op: OpLike) -
     if flats[0] is not out_flat and np.shares_memory(flats[0], out_flat) and flats[0].ctypes.data != out_flat.ctypes.data:
         raise ValueError("out partly overlaps inputs[0]: it may alias it exactly or not at all")
     op = as_op(op)
-    if op not in KERNEL_OPS:
-        raise ValueError(f"op {op.value!r} is not a kernel op: expected one of {[o.value for o in KERNEL_OPS]}")
-    return out_flat, flats, op
+    if op not in KERNEL_OPS and op is not Op.AVG:
+        raise ValueError(f"op {op.value!r} is not a kernel op: expected one of {[o.value for o in (*KERNEL_OPS, Op.AVG)]}")
+    if op is Op.AVG and not is_float(out.dtype):
+        raise TypeError(f"op 'avg' needs a float dtype, out has {out.dtype}")
+    if divisor is None:
+        divisor = len(flats)
+    if isinstance(divisor, bool) or not isinstance(divisor, (int, np.integer)) or divisor < 1:
+        raise ValueError(f"divisor must be an integer >= 1, got {divisor!r}")
+    return out_flat, flats, op, int(divisor)
 
 
 def reduce_into(
@@ -107,23 +115,25 @@ def reduce_into(
     *,
     backend: Optional[str] = None,
     threads: Optional[int] = None,
+    divisor: Optional[int] = None,
 ) -> np.ndarray:
     """out = inputs[0] op inputs[1] op ... elementwise; out may be inputs[0]. Returns out.
 
+    op "avg" (float dtypes): the sum divided by divisor (default: the number of inputs).
     backend: "cython", "numba" or "numpy" (default: HFR_KERNEL, else the fastest available).
     threads: threads to use (default: HFR_NUM_THREADS, else all cores).
     """
-    out_flat, flats, op = check_arguments(out, inputs, op)
+    out_flat, flats, op, divisor = check_arguments(out, inputs, op, divisor)
     fn = _choose(backend)
-    fn(out_flat, flats, op, _threads(threads))
+    fn(out_flat, flats, op, _threads(threads), divisor)
     return out
 
 
 def unchecked_reducer(backend: Optional[str] = None) -> ReduceFn:
-    """The backend's own fn(out, inputs, op, threads), without check_arguments (which costs ~10 us a
-    call): for callers whose arguments are known good, as the engine's slots are: 1-D C-contiguous
-    arrays of one supported dtype and size, out being inputs[0] or overlapping none, op an Op among
-    SUM, MAX, MIN and PROD, threads >= 1."""
+    """The backend's own fn(out, inputs, op, threads, divisor=1), without check_arguments (which costs
+    ~10 us a call): for callers whose arguments are known good, as the engine's slots are: 1-D
+    C-contiguous arrays of one supported dtype and size, out being inputs[0] or overlapping none, op a
+    KERNEL_OPS member or AVG (float dtypes only, divided by divisor), threads >= 1."""
     return _choose(backend)
 
 

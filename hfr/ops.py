@@ -7,7 +7,7 @@ from typing import Any, Union
 import ml_dtypes
 import numpy as np
 
-__all__ = ["Op", "OpLike", "DTYPES", "as_op", "as_dtype", "accumulation_dtype", "dtype_code", "op_code"]
+__all__ = ["Op", "OpLike", "DTYPES", "as_op", "as_dtype", "accumulation_dtype", "is_float", "dtype_code", "op_code"]
 
 
 class Op(str, enum.Enum):
@@ -69,6 +69,11 @@ def as_dtype(dtype: Any) -> np.dtype:
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
     """The type sums are carried in: float32 for float16 and bfloat16, the dtype itself otherwise."""
     return np.dtype(np.float32) if dtype in _HALF_TYPES else dtype
+
+
+def is_float(dtype: np.dtype) -> bool:
+    """True for the float dtypes (float16, bfloat16, float32, float64): the ones avg takes."""
+    return accumulation_dtype(dtype).kind == "f"
 
 
 def dtype_code(dtype: np.dtype) -> int:

@@ -89,6 +89,38 @@ def test_matches_reference(backend, dtype, op):
             check(backend, [random_array(dtype, n, rng) for _ in range(k)], op, CPUS, rng)
 
 
+FLOATS = [d for d in DTYPES if d.kind == "f" or d == ml_dtypes.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_avg_matches_reference(backend, dtype):
+    """avg: the sum divided by the divisor in the accumulation type, rounded once, in the same pass."""
+    rng = np.random.default_rng([DTYPES.index(dtype), 9])
+    for n in (0, 1, 7, 100003, 300007):
+        for k, divisor in ((1, 1), (1, 4), (2, 2), (3, 7), (8, 8)):
+            inputs = [random_array(dtype, n, rng) for _ in range(k)]
+            want = np.empty_like(inputs[0])
+            _reduce_numpy(want, inputs, Op.AVG, 1, divisor)
+            for out in (poisoned(dtype, n, rng), inputs[0]):  # out of place, and out is inputs[0]
+                assert reduce_into(out, inputs, "avg", backend=backend, threads=CPUS, divisor=divisor) is out
+                assert_same_bits(out, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=str)
+def test_half_avg_is_the_float32_mean_rounded_once(backend, dtype):
+    """No overflow where the float32 sum fits (float16: 3 x 65504), and one rounding, not two."""
+    rng = np.random.default_rng(5)
+    inputs = [random_array(dtype, 100003, rng, specials=False) for _ in range(3)]
+    top = float(np.finfo(dtype).max)
+    for x in inputs:
+        x[:4] = np.array([top, -top, 40000.0, top / 2], np.float32).astype(dtype)
+    out = reduce_into(np.empty_like(inputs[0]), inputs, "avg", backend=backend, threads=CPUS)
+    mean32 = (inputs[0].astype(np.float32) + inputs[1].astype(np.float32) + inputs[2].astype(np.float32)) / np.float32(3)
+    assert_same_bits(out, mean32.astype(dtype))
+    if dtype == np.float16:
+        assert np.isfinite(out).all()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_out_is_inputs0_and_unaligned_views(backend, dtype):
     rng = np.random.default_rng(1)
@@ -190,7 +222,8 @@ def bad_calls(dtype=np.float32, n=1000):
         ("out overlaps inputs[1]", buf[:n], [x(), buf[n // 2:n // 2 + n]], "sum", "overlaps inputs[1]"),
         ("out partly overlaps inputs[0]", buf[:n], [buf[1:n + 1]], "sum", "partly overlaps"),
         ("op", x(), [x()], "xor", "unknown op"),
-        ("avg", x(), [x()], "avg", "not a kernel op"),
+        ("avg on integers", np.ones(n, np.int32), [np.ones(n, np.int32)], "avg", "needs a float dtype"),
+        ("divisor 0", x(), [x()], "avg", "divisor must be an integer >= 1, got 0"),
         ("list", [1.0] * n, [x()], "sum", "numpy.ndarray"),
     ]
 
@@ -200,7 +233,7 @@ def test_bad_arguments_leave_out_untouched(backend, case):
     name, out, inputs, op, fragment = bad_calls()[case]
     before = np.array(out, copy=True)
     with pytest.raises((TypeError, ValueError), match=re.escape(fragment)):
-        reduce_into(out, inputs, op, backend=backend)
+        reduce_into(out, inputs, op, backend=backend, divisor=0 if name == "divisor 0" else None)
     np.testing.assert_array_equal(np.asarray(out), before)
 
 
@@ -217,7 +250,7 @@ def test_backend_choice(monkeypatch):
     assert backends[-1] == "numpy" and backends == [b for b in kernels.BACKENDS if b in backends]
     x = np.arange(10, dtype=np.float32)
     monkeypatch.setenv("HFR_KERNEL", "numpy")
-    monkeypatch.setitem(kernels._LOADED, "numpy", lambda out, inputs, op, threads: out.fill(42))
+    monkeypatch.setitem(kernels._LOADED, "numpy", lambda out, inputs, op, threads, divisor=1: out.fill(42))
     assert (reduce_into(np.empty_like(x), [x, x]) == 42).all()
 
 

@@ -8,11 +8,11 @@ within a float tolerance across nodes (tree order), exact for integers and for m
 import json
 import sys
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
 import hfr
-from hfr.engine import divide
 from hfr.kernels import reduce_into
 from hfr.ops import DTYPES, Op, accumulation_dtype
 
@@ -42,11 +42,9 @@ def make_input(dtype, op, count, seed):
 
 
 def expected(inputs, op, dtype):
-    """The slot-order result (exact for one node) and a float64 one for the tolerance check."""
+    """The slot-order result: exact for one node (avg: the sum divided once, in the accumulation type)."""
     exact = np.empty_like(inputs[0])
-    reduce_into(exact, inputs, Op.SUM if op is Op.AVG else op, backend="numpy")
-    if op is Op.AVG:
-        divide(exact, size)
+    reduce_into(exact, inputs, op, backend="numpy", divisor=size)
     return exact
 
 
@@ -131,6 +129,29 @@ for w, x, ref in zip(works, xs, refs):
     assert w.done()
     if comm.nnodes == 1:
         assert np.array_equal(x, ref)
+# avg of the half types at the edges of their range: no overflow where the mean fits. On one node it is
+# the float32 mean rounded once. Across nodes it is the sum of the nodes' partial means, each rounded
+# once, so it may overflow only within a few units in the last place of the type's largest value (the
+# top of float16's range is used less 4 of them there). bfloat16's range is float32's: its float32 sum
+# overflows first, as a float32 array's own would.
+for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+    info = np.finfo(dtype)
+    tiny = float(info.smallest_subnormal)
+    for comm in comms:
+        top = float(info.max) if dtype == np.float16 else 2.0**127 * 1.5 / size
+        ulp = float(info.eps) * 2.0 ** np.floor(np.log2(top))
+        big = top if comm.nnodes == 1 else top - 4 * ulp
+        x = np.array([big, -big, big * (1 - rank / size / 2), 40000.0, tiny * (rank + 1), 1.0 + rank / 1024], dtype)
+        inputs = world.allgather(x)
+        mean = np.mean([i.astype(np.float64) for i in inputs], axis=0)
+        got = comm.allreduce(x.copy(), op="avg")
+        what = f"avg {dtype} at the edges of its range, layout={comm}"
+        assert np.isfinite(got.astype(np.float64)).all(), f"{what}: overflowed: {got}"
+        if comm.nnodes == 1:
+            assert np.array_equal(got.view(np.uint16), expected(inputs, Op.AVG, dtype).view(np.uint16)), what
+        half_ulp = (2.0 ** -8 if dtype.name == "bfloat16" else 2.0 ** -11) * np.abs(mean)
+        steps = 1 if comm.nnodes == 1 else 2 + np.log2(comm.nnodes)  # a rounding per node and tree step
+        assert (np.abs(got.astype(np.float64) - mean) <= steps * half_ulp + tiny).all(), f"{what}: {got} vs {mean}"
 for comm in comms:
     comm.close()
 if rank == 0:
