@@ -67,7 +67,9 @@ def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
     elif _is_cupy(x):
         import cupy
 
-        kind, device, stream = "cupy", x.device.id, cupy.cuda.get_current_stream()
+        with x.device:  # the current stream of x's device, whatever device is current
+            stream = cupy.cuda.get_current_stream()
+        kind, device = "cupy", x.device.id
     else:
         raise TypeError(f"{name} must be a numpy.ndarray or cupy.ndarray (or a torch.Tensor), got {type(x).__name__}")
     if not x.flags.c_contiguous:

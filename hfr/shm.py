@@ -9,6 +9,8 @@ For CuPy arrays the whole segment is page-locked for the GPU (cudaHostRegister) 
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 from mpi4py import MPI
 
@@ -47,7 +49,7 @@ class Segment:
         self.sync()
         node_comm.Barrier()
         self.sync()
-        self._registered = False
+        self._cuda_device: Optional[int] = None  # the device the segment was page-locked on
 
     @property
     def address(self) -> int:
@@ -66,22 +68,25 @@ class Segment:
         """Result slot of stage, as bytes."""
         return self.slot(stage, self.local_size)
 
-    def register_for_cuda(self) -> None:
-        """Page-lock the whole segment for the GPU, once (it costs 0.2-0.6 s; never per call)."""
-        if self._registered:
+    def register_for_cuda(self, device: int) -> None:
+        """Page-lock the whole segment for the GPUs, once, from device's context (it costs 0.2-0.6 s;
+        never per call)."""
+        if self._cuda_device is not None:
             return
-        from cupy.cuda import runtime
+        import cupy
 
-        runtime.hostRegister(self.address, self.memory.nbytes, 1)  # 1: cudaHostRegisterPortable
-        self._registered = True
+        with cupy.cuda.Device(device):
+            cupy.cuda.runtime.hostRegister(self.address, self.memory.nbytes, 1)  # 1: cudaHostRegisterPortable
+        self._cuda_device = device
 
     def free(self) -> None:
         """Unregister and free the window (collective over the node)."""
-        if self._registered:
-            from cupy.cuda import runtime
+        if self._cuda_device is not None:
+            import cupy
 
-            runtime.hostUnregister(self.address)
-            self._registered = False
+            with cupy.cuda.Device(self._cuda_device):  # never a context on another device
+                cupy.cuda.runtime.hostUnregister(self.address)
+            self._cuda_device = None
         self.control = self.memory = None
         self._win.Unlock_all()
         self._win.Free()

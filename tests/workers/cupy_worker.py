@@ -1,5 +1,6 @@
 """hfr on CuPy arrays, ranks sharing the GPUs there are: the same bits as the NumPy path, out=,
-async, and the copies ordered after work queued on the caller's stream."""
+async, the copies ordered after work queued on the caller's stream, and every CUDA event, copy and
+stream hfr makes on the array's device even when another device is current (where there are two)."""
 import cupy as cp
 import numpy as np
 from mpi4py import MPI
@@ -9,8 +10,30 @@ from hfr.ops import DTYPES, Op
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
-cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
+devices = cp.cuda.runtime.getDeviceCount()
+mine = rank % devices
+cp.cuda.Device(mine).use()
 comm = hfr.Communicator(world, chunk_bytes=1 << 20)
+
+# Record the current device at every event hfr makes and every copy it queues.
+seen = []
+
+
+class RecordedEvent(cp.cuda.Event):
+    def record(self, stream=None):
+        seen.append(("event", cp.cuda.runtime.getDevice(), None if stream is None else stream.device_id))
+        return super().record(stream)
+
+
+real_copy = cp.cuda.runtime.memcpyAsync
+
+
+def recorded_copy(*args):
+    seen.append(("copy", cp.cuda.runtime.getDevice(), None))
+    return real_copy(*args)
+
+
+cp.cuda.Event, cp.cuda.runtime.memcpyAsync = RecordedEvent, recorded_copy
 
 
 def make_input(dtype, op, count, seed):
@@ -63,6 +86,17 @@ for stream in (cp.cuda.Stream(non_blocking=True), cp.cuda.Stream.null):
         work = comm.allreduce_async(x)
         y = work.wait(timeout=120)
     assert float(cp.asnumpy(y).min()) == float(cp.asnumpy(y).max()) == size * (size + 1) / 2
+
+# Made on x's device: every event and copy, also when the caller has another device current.
+with cp.cuda.Device(mine):
+    x = cp.full(3 << 20, rank + 1.0, cp.float32)
+if devices > 1:
+    cp.cuda.Device((mine + 1) % devices).use()
+seen.clear()
+comm.allreduce(x)
+assert float(x[-1].get()) == size * (size + 1) / 2
+assert seen and all(current == mine and stream in (None, mine) for _, current, stream in seen), seen
+cp.cuda.Device(mine).use()
 
 # Several in flight, reduce and broadcast.
 xs = [cp.full(300000 + i, rank + i, cp.float32) for i in range(4)]
