@@ -2,15 +2,18 @@
 call to its Engine's progress thread."""
 from __future__ import annotations
 
-import sys
+import json
+import threading
+import time
 from typing import Any, Optional, Union
 
+import numpy as np
 from mpi4py import MPI
 
-from . import settings, topology
+from . import kernels, settings, topology
 from .arrays import Array, check_out, inspect
 from .engine import Call, Engine
-from .errors import HFRError
+from .errors import HFRError, HFRTimeoutError
 from .ops import Op, OpLike, as_op, is_float
 from .work import Work
 
@@ -26,7 +29,11 @@ class Communicator:
     chunk_bytes: pipeline chunk, a multiple of 4 KiB (default: HFR_CHUNK_BYTES, else 8 MiB); the
         same on every rank.
     timeout: seconds any rank waits for a peer before hfr.HFRTimeoutError (default: HFR_TIMEOUT,
-        else 300).
+        else 300); making the Communicator waits as long for every rank of comm to come.
+
+    Every rank checks its settings, then the ranks compare them, waiting at most the timeout, before
+    any blocking MPI call: a bad or differing setting raises on every rank, a rank that never comes
+    gives HFRTimeoutError on the others.
     """
 
     def __init__(self, comm: Optional[MPI.Comm] = None, *, local_size: Optional[int] = None,
@@ -34,23 +41,34 @@ class Communicator:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"comm must be an mpi4py intra-communicator, got {comm!r}")
-        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            raise HFRError("hfr needs MPI initialised with MPI_THREAD_MULTIPLE (mpi4py's default): "
-                           "its progress thread calls MPI beside yours")
-        chunk = settings.chunk_bytes(chunk_bytes)
-        wait = settings.timeout(timeout)
-        algo = settings.algo()
+        try:
+            wait = settings.timeout(timeout)
+        except ValueError as error:
+            wait, problem = settings.DEFAULT_TIMEOUT, error  # still tell the others, within the default
+        else:
+            problem = None
+        chunk = algo = wanted = None
+        if problem is None:
+            try:
+                if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+                    raise HFRError("hfr needs MPI initialised with MPI_THREAD_MULTIPLE (mpi4py's default): "
+                                   "its progress thread calls MPI beside yours")
+                chunk, algo = settings.chunk_bytes(chunk_bytes), settings.algo()
+                wanted = topology.requested_local_size(local_size)
+                settings.num_threads()
+                kernels.unchecked_reducer()  # HFR_KERNEL names a backend that works here
+            except (ValueError, TypeError, HFRError) as error:
+                problem = error
+        _agree_on_settings(comm, problem, {"chunk_bytes": chunk, "HFR_ALGO": algo, "local_size": wanted}, wait)
         self._comm = comm.Dup()
         try:
-            chunks = self._comm.allgather(chunk)
-            if len(set(chunks)) > 1:
-                raise ValueError(f"chunk_bytes must be the same on every rank, got {chunks} by rank")
             self._layout, node_comm, rail_comm = topology.split(self._comm, local_size)
         except BaseException:
             self._comm.Free()
             raise
-        self._device: Optional[int] = _current_cuda_device()
+        self._device: Optional[int] = None  # the CUDA device of the first CUDA array; every later one's
         self._engine: Optional[Engine] = None
+        self._closing = threading.Lock()
         if self._layout.size > 1:
             self._engine = Engine(self._comm, self._layout, node_comm, rail_comm, chunk_bytes=chunk, timeout=wait,
                                   threads=settings.threads(self._layout.host_size), algo=algo)
@@ -107,18 +125,19 @@ class Communicator:
     def close(self) -> None:
         """Finish the calls in flight and free everything (collective). Closing twice is harmless.
 
-        After a failure (a timeout, a dead peer) nothing collective is attempted: the process can exit."""
-        if self.closed:
-            return
-        engine, self._engine = self._engine, None
-        comm, self._comm = self._comm, None
-        if engine is not None:
-            engine.close()
-            if engine.broken is not None:
+        Calls made after close() begins raise HFRError. After a failure (a timeout, a dead peer) on
+        any rank of the node, or when a peer does not close within the timeout, nothing collective is
+        attempted: the process can exit."""
+        with self._closing:
+            if self.closed:
                 return
-            engine.node_comm.Free()
-            engine.rail_comm.Free()
-        comm.Free()
+            comm, self._comm = self._comm, None
+            if self._engine is not None:
+                if not self._engine.close():
+                    return
+                self._engine.node_comm.Free()
+                self._engine.rail_comm.Free()
+            comm.Free()
 
     def __enter__(self) -> "Communicator":
         return self
@@ -149,39 +168,62 @@ class Communicator:
             raise TypeError(f"op 'avg' needs a float dtype, x has {xa.dtype}")
         if xa.kind == "cupy":
             if self._device is None:
-                self._device = _current_cuda_device()
+                self._device = xa.device
             if xa.device != self._device:
                 raise ValueError(f"x is on CUDA device {xa.device}, the communicator uses device {self._device}")
         result = oa.obj if receives else xa.obj
         work = Work(lambda: f"{collective} of {xa.size} {xa.dtype} on rank {self.rank}", result)
-        if self._engine is None:  # one rank: the result is the input
+        if self._layout.size == 1:  # one rank: the result is the input
             if receives and oa.address != xa.address:
                 oa.flat[...] = xa.flat
             work._succeed()
             return work
-        if self._engine.broken is not None:
-            raise HFRError(f"rank {self.rank}: the communicator failed earlier and takes no more calls: "
-                           f"{self._engine.broken}")
         return self._engine.submit(Call(collective, xa, oa, op, root, _ready_event(xa), work), inline=inline)
 
 
-def _current_cuda_device() -> Optional[int]:
-    """The current CUDA device when CuPy is already imported and sees one, else None."""
-    cupy = sys.modules.get("cupy")
-    if cupy is None:
-        return None
-    try:
-        return cupy.cuda.runtime.getDevice()
-    except Exception:  # no driver or no device
-        return None
-
-
 def _ready_event(x: Array) -> Any:
-    """For a CUDA array, an event on the caller's stream (CuPy's or torch's current one): the copies wait for it."""
+    """For a CUDA array, an event on the caller's stream (CuPy's or torch's current one), made on x's
+    device whatever device is current: the copies wait for it."""
     if x.kind != "cupy":
         return None
     import cupy
 
-    event = cupy.cuda.Event(block=False, disable_timing=True)
-    event.record(x.stream)
+    with cupy.cuda.Device(x.device):
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(x.stream)
     return event
+
+
+SETTINGS_RECORD_BYTES = 1024  # one rank's settings (or its error), as JSON, in the constructor's agreement
+_ABANDONED_AGREEMENTS: list = []  # (request, buffers) of agreements that timed out: MPI may still write there
+
+
+def _agree_on_settings(comm: MPI.Intracomm, problem: Optional[BaseException], mine: dict, timeout: float) -> None:
+    """Compare every rank's settings (or its error) over comm with one non-blocking allgather polled for
+    at most `timeout` seconds, before any blocking MPI call. Raises on every rank when some rank's
+    settings are bad (that rank re-raises its own error) or differ, and HFRTimeoutError when some rank
+    does not come in time."""
+    record = {"error": None if problem is None else f"{type(problem).__name__}: {problem}"[:800], **mine}
+    send = np.zeros(SETTINGS_RECORD_BYTES, np.uint8)
+    encoded = json.dumps(record).encode()
+    send[: len(encoded)] = np.frombuffer(encoded, np.uint8)
+    table = np.zeros((comm.Get_size(), SETTINGS_RECORD_BYTES), np.uint8)
+    request = comm.Iallgather(send, table)
+    deadline, pause = time.monotonic() + timeout, 0.0
+    while not request.Test():
+        if time.monotonic() > deadline:
+            _ABANDONED_AGREEMENTS.append((request, send, table))
+            raise HFRTimeoutError(f"rank {comm.Get_rank()} waited {timeout:g} s for every rank of the communicator "
+                                  f"to make its hfr.Communicator (its first call): some rank never came")
+        pause = min(max(pause * 2, 20e-6), 1e-3)
+        time.sleep(pause)
+    records = [json.loads(bytes(row).rstrip(b"\0")) for row in table]
+    if problem is not None:
+        raise problem
+    bad = [(rank, r["error"]) for rank, r in enumerate(records) if r["error"]]
+    if bad:
+        raise ValueError("; ".join(f"rank {rank} cannot make the hfr.Communicator: {error}" for rank, error in bad))
+    for name in mine:
+        values = [r[name] for r in records]
+        if len(set(values)) > 1:
+            raise ValueError(f"{name} must be the same on every rank, got {values} by rank")

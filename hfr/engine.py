@@ -11,6 +11,7 @@ only by its owner and read by the others ("I have done this step for chunks up t
   ARRIVED    chunks I have copied into my input slot
   REDUCED    chunks whose slice I own is final in the result slot
   CONSUMED   chunks I have copied out of the result slot
+  CLOSING    set once, by close(): HEALTHY, or BROKEN when this rank's communicator failed
 A stage's input slots are reused once every rank has REDUCED the chunk that used them before, its
 result slot once every rank has CONSUMED it. So copies into the segment run ahead by up to STAGES
 chunks, while other chunks are reduced, travel and are copied back. A host (NumPy) array's owner reads
@@ -18,6 +19,7 @@ its own slice straight from the array, so its slot holds only the slices the oth
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -49,6 +51,8 @@ STAGES = 3
 ANNOUNCED, ARRIVED, REDUCED, CONSUMED = 0, 8, 16, 24  # control words, one cache line apart
 DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls
 DESCRIPTOR_WORDS = 8
+CLOSING = 48
+HEALTHY, BROKEN = 1, 2  # CLOSING's values
 DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")
 COLLECTIVES = ("allreduce", "reduce", "broadcast")
 SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
@@ -99,8 +103,9 @@ class Engine:
         self._cuda: Optional[CudaCopies] = None
         self._copies_out: deque = deque()  # (sequence number, token) of copies out not yet CONSUMED
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._order = threading.Lock()  # guards _unfinished: calls submitted and not yet finished
+        self._order = threading.Lock()  # guards _unfinished (calls submitted and not yet finished) and _closed
         self._unfinished = 0
+        self._closed = False
         self._running = threading.Lock()  # held while a call runs, on whichever thread
         self._thread = threading.Thread(target=self._serve, name=f"hfr-progress-{layout.rank}", daemon=True)
         self._thread.start()
@@ -108,8 +113,14 @@ class Engine:
     # --- the calling thread's side -------------------------------------------------------------
     def submit(self, call: Call, *, inline: bool = False) -> Work:
         """Queue the call for the progress thread; with inline, run a host-array call right here
-        when no other call is queued or running (it saves two thread hand-offs per call)."""
+        when no other call is queued or running (it saves two thread hand-offs per call).
+        Raises HFRError once the communicator is closed or has failed."""
         with self._order:
+            if self._closed:
+                raise HFRError("the communicator is closed")
+            if self.broken is not None:
+                raise HFRError(f"rank {self.layout.rank}: the communicator failed earlier and takes no more calls: "
+                               f"{self.broken}")
             inline = inline and call.x.kind == "numpy" and self._unfinished == 0
             self._unfinished += 1
         if inline:
@@ -118,12 +129,27 @@ class Engine:
             self._queue.put(call)
         return call.work
 
-    def close(self) -> None:
-        """Finish the calls already submitted, stop the thread, free the segment (collective)."""
+    def close(self) -> bool:
+        """Refuse new calls, finish those already submitted, stop the thread; then free the segment
+        (collective over the node) if every rank of the node closes healthy within the timeout.
+        Returns whether it was freed: if not, nothing collective may be attempted any more."""
+        with self._order:
+            self._closed = True
         self._queue.put(None)
         self._thread.join()
-        if self.broken is None:
-            self.segment.free()
+        # Each rank says how it closes in its control row, so a healthy rank never enters the window's
+        # collective free beside a peer that failed (and skips it), nor waits for one past the timeout.
+        self._publish(CLOSING, HEALTHY if self.broken is None else BROKEN)
+        if self.broken is not None:
+            return False
+        try:
+            self._wait_all(CLOSING, HEALTHY, "the node's ranks to close")
+        except HFRTimeoutError:
+            return False
+        if int(self.segment.control[:, CLOSING].max()) != HEALTHY:
+            return False
+        self.segment.free()
+        return True
 
     # --- the progress thread -------------------------------------------------------------------
     def _serve(self) -> None:
@@ -134,7 +160,8 @@ class Engine:
             self._execute(call)
 
     def _execute(self, call: Call) -> None:
-        """Run one call, one at a time, and finish its Work."""
+        """Run one call, one at a time, and finish its Work. Any failure reaches the Work as an HFRError
+        (the original as its __cause__)."""
         with self._running:
             if self.broken is not None:
                 call.work._fail(HFRError(f"rank {self.layout.rank}: the communicator failed earlier "
@@ -146,12 +173,18 @@ class Engine:
                 except MismatchError as error:
                     call.work._fail(error)
                 except BaseException as error:  # the peers' state is unknown now: refuse further calls
-                    self.broken = error
-                    call.work._fail(error)
+                    wrap = isinstance(error, Exception) and not isinstance(error, HFRError)  # not KeyboardInterrupt
+                    self.broken = _as_hfr_error(error, call, self.layout) if wrap else error
+                    call.work._fail(self.broken)
         with self._order:
             self._unfinished -= 1
 
     def _run(self, call: Call) -> None:
+        """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
+        with self._cuda_device(call.x):
+            self._run_chunks(call)
+
+    def _run_chunks(self, call: Call) -> None:
         descriptor = self._announce(call)
         layout, segment = self.layout, self.segment
         x, out, root = call.x, call.out, call.root
@@ -261,15 +294,22 @@ class Engine:
             copies.wait(self._copies_out[-1][1])  # copies out finish in order: the last one last
         self._chunks_done = base + nchunks
 
+    @staticmethod
+    def _cuda_device(x: Array):
+        """A context in which x's CUDA device is current (none for host arrays)."""
+        if x.kind == "numpy":
+            return contextlib.nullcontext()
+        import cupy
+
+        return cupy.cuda.Device(x.device)
+
     def _copies(self, x: Array):
+        """The copies for x's kind; the first CUDA array page-locks the segment (on its device)."""
         if x.kind == "numpy":
             return self._host
         if self._cuda is None:
-            import cupy
-
-            with cupy.cuda.Device(x.device):
-                self.segment.register_for_cuda()
-                self._cuda = CudaCopies(x.device)
+            self.segment.register_for_cuda(x.device)
+            self._cuda = CudaCopies(x.device)
         return self._cuda
 
     def _algo_for(self, call: Call) -> str:
@@ -387,6 +427,14 @@ class Engine:
                     who = f" (still waiting for ranks {[layout.node_ranks[j] for j in laggards()]})"
                 raise HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "
                                       f"waited {self.timeout:g} s for {what}{who}")
+
+
+def _as_hfr_error(error: BaseException, call: Call, layout: Layout) -> HFRError:
+    """An error that is not hfr's own (MPI's, no memory, CUDA's), as an HFRError caused by it."""
+    wrapped = HFRError(f"rank {layout.rank}: {call.collective} of {call.x.size} {call.x.dtype} failed: "
+                       f"{type(error).__name__}: {error}")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def describe_mismatch(table: np.ndarray) -> str:

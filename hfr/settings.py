@@ -5,7 +5,7 @@ import os
 import re
 from typing import Optional, Union
 
-__all__ = ["chunk_bytes", "timeout", "threads", "algo", "DEFAULT_CHUNK_BYTES", "DEFAULT_TIMEOUT"]
+__all__ = ["chunk_bytes", "timeout", "num_threads", "threads", "algo", "DEFAULT_CHUNK_BYTES", "DEFAULT_TIMEOUT"]
 
 DEFAULT_CHUNK_BYTES = 8 << 20  # measured: 186 MiB on CuPy, n=4, 23.7 ms vs 33.8 with 4 MiB (bench/RESULTS.md)
 DEFAULT_TIMEOUT = 300.0  # seconds a rank waits for a peer before HFRTimeoutError
@@ -51,14 +51,19 @@ def timeout(value: Optional[float]) -> float:
     return t
 
 
+def num_threads() -> Optional[int]:
+    """HFR_NUM_THREADS, checked, or None where it is not set."""
+    env = os.environ.get("HFR_NUM_THREADS", "").strip()
+    if not env:
+        return None
+    if not env.isdigit() or int(env) < 1:
+        raise ValueError(f"HFR_NUM_THREADS={env!r} must be a positive integer")
+    return int(env)
+
+
 def threads(host_ranks: int) -> int:
     """Threads each rank's kernels use: HFR_NUM_THREADS, else its share of the host's cores."""
-    env = os.environ.get("HFR_NUM_THREADS", "").strip()
-    if env:
-        if not env.isdigit() or int(env) < 1:
-            raise ValueError(f"HFR_NUM_THREADS={env!r} must be a positive integer")
-        return int(env)
-    return max(1, (os.cpu_count() or 1) // host_ranks)
+    return num_threads() or max(1, (os.cpu_count() or 1) // host_ranks)
 
 
 def algo() -> str:

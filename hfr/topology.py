@@ -12,7 +12,7 @@ from typing import Optional
 
 from mpi4py import MPI
 
-__all__ = ["Layout", "split"]
+__all__ = ["Layout", "split", "requested_local_size"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Layout:
     host_size: int  # ranks on this rank's host (more than local_size when nodes are emulated)
 
 
-def _requested_local_size(local_size: Optional[int]) -> Optional[int]:
+def requested_local_size(local_size: Optional[int]) -> Optional[int]:
     """local_size, else HFR_LOCAL_SIZE, else None (take the hosts as MPI sees them)."""
     if local_size is None:
         env = os.environ.get("HFR_LOCAL_SIZE", "").strip()
@@ -49,7 +49,7 @@ def split(comm: MPI.Comm, local_size: Optional[int] = None) -> tuple[Layout, MPI
     Raises ValueError on every rank when nodes would be of unequal size, or when an emulated node
     spans more than one host (its ranks could not share memory)."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    wanted = _requested_local_size(local_size)
+    wanted = requested_local_size(local_size)
     host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     try:
         if wanted is None:

@@ -120,14 +120,28 @@ def test_calls_after_mismatches_are_right_on_every_layout(nprocs, local_size):
     assert "rounds ok" in run_mpi(nprocs, "faults_worker.py", "rounds", "100", env=env, timeout=180).stdout
 
 
-@pytest.mark.parametrize("local_size", [None, 1])
-def test_a_peer_that_never_calls_times_out(local_size, tmp_path):
+@pytest.mark.parametrize("nprocs,local_size", [(3, None), (3, 1), (4, 2)], ids=["one-node", "one-rank-a-node", "2x2"])
+def test_a_peer_that_never_calls_times_out(nprocs, local_size, tmp_path):
     """The waiting ranks each leave a file once they have checked their error; how the launcher
     then ends the job (the last rank never calls) is its business, as long as it ends."""
     env = {"FAULT_TIMEOUT": "3", "FAULT_DIR": str(tmp_path),
            **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
-    result = run_mpi(3, "faults_worker.py", "timeout", env=env, timeout=60, check=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.ok", "rank1.ok"], result.stdout
+    result = run_mpi(nprocs, "faults_worker.py", "timeout", env=env, timeout=60, check=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"rank{r}.ok" for r in range(nprocs - 1)], result.stdout
+
+
+# Making and closing a Communicator, and failures that are not hfr's (tests/workers/lifecycle_worker.py).
+LIFECYCLE = [("settings", 3, None), ("settings", 4, 2), ("absent", 3, None), ("close", 3, None), ("close", 4, 2),
+             ("foreign", 3, None), ("foreign", 3, 1), ("foreign", 4, 2), ("race", 2, None)]
+
+
+@pytest.mark.parametrize("scenario,nprocs,local_size", LIFECYCLE, ids=[f"{s}-{n}ranks-local{l}" for s, n, l in LIFECYCLE])
+def test_making_closing_and_foreign_failures(scenario, nprocs, local_size, tmp_path):
+    env = {"FAULT_TIMEOUT": "3", "FAULT_DIR": str(tmp_path),
+           **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
+    result = run_mpi(nprocs, "lifecycle_worker.py", scenario, env=env, timeout=60, check=False)
+    ranks = nprocs - 1 if scenario == "absent" else nprocs
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"rank{r}.ok" for r in range(ranks)], result.stdout
 
 
 def test_wait_with_a_timeout_leaves_the_call_running():

@@ -1,0 +1,112 @@
+"""Faults around making and closing a Communicator, and failures that are not hfr's own; one scenario
+per run (argv[1]). The last rank is the odd one out; every rank checks what it must get, then leaves a
+file FAULT_DIR/rankN.ok (a printed line may be lost once a peer has left the job).
+
+settings  the last rank has a bad HFR_ALGO, then another chunk size, then another HFR_ALGO: an error on
+          every rank each time, never a hang; then a good Communicator works.
+absent    the last rank never makes its first call: hfr.allreduce (the default Communicator) gives
+          HFRTimeoutError on the others within the timeout + 5 s.
+close     the last rank's communicator fails (it alone calls, and times out); the others' close() then
+          returns at once instead of entering the window's collective free without it.
+foreign   a failure that is not hfr's (MemoryError in the kernel) reaches Work.wait() as an HFRError
+          whose __cause__ is the original; the communicator then refuses calls.
+race      a call that passed its checks just before close() ran is refused (HFRError), never "done"
+          with the caller's own input.
+"""
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import hfr
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+last = size - 1
+scenario = sys.argv[1]
+TIMEOUT = float(os.environ.get("FAULT_TIMEOUT", "3"))
+
+
+def expect(error_type, fragment, call):
+    try:
+        call()
+    except error_type as error:
+        assert fragment in str(error), f"rank {rank}: {error!r} does not say {fragment!r}"
+        return error
+    raise AssertionError(f"rank {rank}: no {error_type.__name__} ({fragment})")
+
+
+def done():
+    open(os.path.join(os.environ["FAULT_DIR"], f"rank{rank}.ok"), "w").close()
+
+
+if scenario == "settings":
+    if rank == last:
+        os.environ["HFR_ALGO"] = "fastest"
+        expect(ValueError, "HFR_ALGO='fastest'", lambda: hfr.Communicator(world, timeout=TIMEOUT))
+        os.environ["HFR_ALGO"] = "auto"
+    else:
+        expect(ValueError, f"rank {last} cannot make the hfr.Communicator: ValueError: HFR_ALGO='fastest'",
+               lambda: hfr.Communicator(world, timeout=TIMEOUT))
+    expect(ValueError, "chunk_bytes must be the same on every rank",
+           lambda: hfr.Communicator(world, timeout=TIMEOUT, chunk_bytes=8192 if rank == last else 4096))
+    os.environ["HFR_ALGO"] = "ring" if rank == last else "auto"
+    expect(ValueError, "HFR_ALGO must be the same on every rank", lambda: hfr.Communicator(world, timeout=TIMEOUT))
+    os.environ["HFR_ALGO"] = "auto"
+    with hfr.Communicator(world, timeout=TIMEOUT) as comm:
+        x = np.arange(1000, dtype=np.float32) + rank
+        assert np.array_equal(comm.allreduce(x), np.arange(1000, dtype=np.float32) * size + size * (size - 1) / 2)
+    done()
+elif scenario == "absent":
+    os.environ["HFR_TIMEOUT"] = str(TIMEOUT)  # the default Communicator's
+    waiters = world.Split(color=int(rank != last), key=rank)  # to leave together, after every check
+    if rank != last:
+        start = time.monotonic()
+        expect(hfr.HFRTimeoutError, "some rank never came", lambda: hfr.allreduce(np.ones(10, np.float32)))
+        assert time.monotonic() - start < TIMEOUT + 5, time.monotonic() - start
+        done()
+        waiters.Barrier()
+    else:
+        time.sleep(TIMEOUT + 6)
+    os._exit(0)  # the absent rank's allgather is abandoned: leave without MPI_Finalize
+elif scenario == "close":
+    comm = hfr.Communicator(world, timeout=TIMEOUT)
+    if rank == last:
+        expect(hfr.HFRTimeoutError, "waited", lambda: comm.allreduce(np.ones(10, np.float32)))
+    world.Barrier()  # every peer of the node now closes beside a failed one
+    start = time.monotonic()
+    comm.close()
+    assert time.monotonic() - start < TIMEOUT + 5, time.monotonic() - start
+    done()
+    os._exit(0)
+elif scenario == "foreign":
+    comm = hfr.Communicator(world, timeout=TIMEOUT)
+    if rank == last:
+        def no_memory(*args):
+            raise MemoryError("no memory for the scratch tiles (injected)")
+
+        comm._engine._reduce = no_memory
+        error = expect(hfr.HFRError, "MemoryError: no memory",
+                       lambda: comm.allreduce(np.ones(10, np.float32), out=np.empty(10, np.float32)))
+        assert isinstance(error.__cause__, MemoryError), repr(error.__cause__)
+        expect(hfr.HFRError, "failed earlier", lambda: comm.allreduce(np.ones(10, np.float32)))
+    else:  # waiting for the failed rank: on the node's counters, or on the rail
+        expect(hfr.HFRTimeoutError, "", lambda: comm.allreduce(np.ones(10, np.float32), out=np.empty(10, np.float32)))
+    done()
+    world.Barrier()  # hfr works on its own Dup; an early exit would make the launcher end the others
+    os._exit(0)
+elif scenario == "race":
+    comm = hfr.Communicator(world, timeout=TIMEOUT)
+    checks = comm._check_open
+    comm._check_open = lambda: None  # as if this call had passed its checks just before close() ran
+    comm.close()
+    x = np.ones(10, np.float32)
+    expect(hfr.HFRError, "closed", lambda: comm.allreduce(x))
+    assert (x == 1).all()
+    comm._check_open = checks
+    expect(hfr.HFRError, "closed", lambda: comm.allreduce(x))
+    done()
+else:
+    raise SystemExit(f"unknown scenario {scenario}")
