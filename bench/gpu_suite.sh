@@ -6,6 +6,7 @@
 #   overlap    matrix products beside hfr's allreduce and beside plain copies (~1.5 min)
 #   torch      DDP step times (no communication, hfr's hook, gloo) and where a step's time goes (~3 min)
 #   internode  the inter-node step alone and the allreduce on 4 and 8 emulated nodes (~5 min)
+#   dtypes     186 MiB on CuPy n=4: sum and avg of float32, float16 and bfloat16 (~2 min)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -81,8 +82,17 @@ internode)
       | tee "$out/emulated_n$n.txt"
   done
   ;;
+dtypes)
+  log "186 MiB CuPy n=4: sum and avg of float32, float16 and bfloat16 (hfr)"
+  for d in float32 float16 bfloat16; do
+    for o in sum avg; do
+      echo "# $d $o"
+      perf 4 -b 186M -e 186M -f 1 -n 5 -w 2 --array cupy --backends hfr -d $d -o $o | grep -v "^#"
+    done
+  done | tee "$out/dtypes_n4.txt"
+  ;;
 *)
-  echo "unknown stage $stage: check, bench, overlap, torch or internode" >&2
+  echo "unknown stage $stage: check, bench, overlap, torch, internode or dtypes" >&2
   exit 2
   ;;
 esac

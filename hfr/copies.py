@@ -41,6 +41,9 @@ class HostCopies:
     def wait(self, token: Any) -> None:
         pass
 
+    def drain(self) -> None:
+        pass
+
     def to_segment(self, dst: np.ndarray, src: Any, start: int) -> None:
         self._copy(dst, src.view(np.uint8)[start : start + dst.size], self.threads)
 
@@ -49,7 +52,8 @@ class HostCopies:
 
 
 class CudaCopies:
-    """CuPy arrays on one device: asynchronous copies through a page-locked segment."""
+    """CuPy arrays on one device: asynchronous copies through a page-locked segment. Used with that
+    device current (the engine makes it so), so that every event is made on the streams' device."""
 
     def __init__(self, device: int):
         import cupy
@@ -70,6 +74,11 @@ class CudaCopies:
         """Block until the copy of token has finished (the GIL is released meanwhile)."""
         if token is not None:
             token.synchronize()
+
+    def drain(self) -> None:
+        """Block until every copy queued so far, either way, has finished."""
+        self.to_host.synchronize()
+        self.to_device.synchronize()
 
     def _copy(self, stream: Any, dst_ptr: int, src_ptr: int, nbytes: int, kind: int) -> Any:
         self._cupy.cuda.runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, kind, stream.ptr)

@@ -182,13 +182,17 @@ class Engine:
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
         with self._cuda_device(call.x):
-            self._run_chunks(call)
+            copies = self._copies(call.x)
+            try:
+                self._run_chunks(call, copies)
+            except MismatchError:
+                copies.drain()  # our copies into the segment still reading x end before the caller has it back
+                raise
 
-    def _run_chunks(self, call: Call) -> None:
+    def _run_chunks(self, call: Call, copies) -> None:
         descriptor = self._announce(call)
         layout, segment = self.layout, self.segment
         x, out, root = call.x, call.out, call.root
-        copies = self._copies(x)
         copies.begin(call.ready)
         itemsize = x.dtype.itemsize
         chunk_elems = self.chunk_bytes // itemsize

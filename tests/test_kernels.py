@@ -111,7 +111,7 @@ def test_half_avg_is_the_float32_mean_rounded_once(backend, dtype):
     """No overflow where the float32 sum fits (float16: 3 x 65504), and one rounding, not two."""
     rng = np.random.default_rng(5)
     inputs = [random_array(dtype, 100003, rng, specials=False) for _ in range(3)]
-    top = float(np.finfo(dtype).max)
+    top = float(ml_dtypes.finfo(dtype).max)
     for x in inputs:
         x[:4] = np.array([top, -top, 40000.0, top / 2], np.float32).astype(dtype)
     out = reduce_into(np.empty_like(inputs[0]), inputs, "avg", backend=backend, threads=CPUS)

@@ -135,7 +135,7 @@ for w, x, ref in zip(works, xs, refs):
 # top of float16's range is used less 4 of them there). bfloat16's range is float32's: its float32 sum
 # overflows first, as a float32 array's own would.
 for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
-    info = np.finfo(dtype)
+    info = ml_dtypes.finfo(dtype)
     tiny = float(info.smallest_subnormal)
     for comm in comms:
         top = float(info.max) if dtype == np.float16 else 2.0**127 * 1.5 / size

@@ -95,7 +95,7 @@ if devices > 1:
 seen.clear()
 comm.allreduce(x)
 assert float(x[-1].get()) == size * (size + 1) / 2
-assert seen and all(current == mine and stream in (None, mine) for _, current, stream in seen), seen
+assert (seen or size == 1) and all(current == mine and stream in (None, -1, mine) for _, current, stream in seen), seen
 cp.cuda.Device(mine).use()
 
 # Several in flight, reduce and broadcast.
