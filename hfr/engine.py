@@ -37,6 +37,7 @@ from .copies import CudaCopies, HostCopies, finished
 from .errors import HFRError, HFRTimeoutError, MismatchError
 from .ops import DTYPES, Op, dtype_code, op_code
 from .shm import ROW_WORDS, Segment
+from .threads import name_this_thread
 from .topology import Layout
 from .work import Work
 
@@ -153,6 +154,7 @@ class Engine:
 
     # --- the progress thread -------------------------------------------------------------------
     def _serve(self) -> None:
+        name_this_thread("hfr-progress")
         while True:
             call = self._queue.get()
             if call is None:

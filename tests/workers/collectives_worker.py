@@ -6,6 +6,7 @@ every input and computes the expected result itself: bitwise for one node (slot 
 within a float tolerance across nodes (tree order), exact for integers and for max/min.
 """
 import json
+import os
 import sys
 
 import ml_dtypes
@@ -152,6 +153,10 @@ for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
         half_ulp = (2.0 ** -8 if dtype.name == "bfloat16" else 2.0 ** -11) * np.abs(mean)
         steps = 1 if comm.nnodes == 1 else 2 + np.log2(comm.nnodes)  # a rounding per node and tree step
         assert (np.abs(got.astype(np.float64) - mean) <= steps * half_ulp + tiny).all(), f"{what}: {got} vs {mean}"
+# The progress thread has its own OS-level name (top -H, py-spy), not its creator's.
+if size > 1:
+    names = {open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")}
+    assert "hfr-progress" in names, names
 for comm in comms:
     comm.close()
 if rank == 0:
