@@ -3,11 +3,22 @@
     mpiexec -n 4 python -m mpi4py bench/allreduce_perf.py -b 8 -e 64M -f 4 -n 10 -w 3 --plot out.png
 
 Flags as nccl-tests (-b -e -f -n -w -c -o -d -r), plus --collective, --array, --backends, --json,
---csv, --plot, --table; see --help. Exits 1 when any result is wrong.
+--csv, --plot, --table; see --help. Exits 1 when any result is wrong. A rank that fails ends the
+whole job (also when started without -m mpi4py), so the others never wait for it.
 """
 import sys
+import traceback
 
+from mpi4py import MPI
 from perf.harness import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except SystemExit:  # argument errors: every rank parses the same arguments and exits alike
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+    sys.exit(code)

@@ -1,7 +1,11 @@
 """The benchmark harness (bench/allreduce_perf.py): its checking in process, then real runs on 2 ranks."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,7 +13,7 @@ import pytest
 import hfr
 from bench.perf.collectives import COLLECTIVES, DTYPES, count_wrong, poison, rank_input
 from bench.perf.harness import parse_args, parse_size, sweep_sizes
-from tests.mpirun import REPO, run_mpi
+from tests.mpirun import REPO, mpiexec, run_mpi
 
 SCRIPT = str(REPO / "bench" / "allreduce_perf.py")
 TINY = ["-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1"]
@@ -84,6 +88,23 @@ def test_peers_report_columns_json_csv_and_plot(tmp_path):
     assert doc["layout"]["ranks"] == 2 and len(doc["results"]) == 2 * len(rows)
     assert (tmp_path / "r.csv").read_text().startswith("backend,")
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_fails_before_anything_runs(monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(SystemExit):
+        parse_args([*TINY, "--plot", "x.png"])
+    assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+def test_one_rank_failing_ends_the_job_without_mpi4py_run(tmp_path):
+    """Started as plain `python script` (no -m mpi4py): rank 0 alone fails writing its JSON at the end,
+    while the others finish; the job must still end, non-zero."""
+    cmd = mpiexec() + ["-n", "2", sys.executable, SCRIPT, *TINY, "--backends", "hfr,mpi", "--json", "/proc/no/such/dir/r.json"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr + proc.stdout
 
 
 def test_a_wrong_backend_is_caught():

@@ -9,6 +9,7 @@ the rank computed locally from the seeds (plus, out of place, input elements the
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import time
 from dataclasses import dataclass
@@ -82,6 +83,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         p.error("-b must be <= -e, and -f >= 2 unless -b equals -e")
     if args.iters < 1 or args.warmup_iters < 0:
         p.error("-n must be >= 1 and -w >= 0")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # before anything runs, on every rank
+        p.error("--plot needs matplotlib: pip install 'hfr[bench]'")
     return args
 
 
