@@ -194,7 +194,7 @@ def _ready_event(x: Array) -> Any:
     return event
 
 
-SETTINGS_RECORD_BYTES = 1024  # one rank's settings (or its error), as JSON, in the constructor's agreement
+SETTINGS_RECORD_BYTES = 4096  # one rank's settings (or its error, cut to 500 characters) as UTF-8 JSON
 _ABANDONED_AGREEMENTS: list = []  # (request, buffers) of agreements that timed out: MPI may still write there
 
 
@@ -203,9 +203,9 @@ def _agree_on_settings(comm: MPI.Intracomm, problem: Optional[BaseException], mi
     at most `timeout` seconds, before any blocking MPI call. Raises on every rank when some rank's
     settings are bad (that rank re-raises its own error) or differ, and HFRTimeoutError when some rank
     does not come in time."""
-    record = {"error": None if problem is None else f"{type(problem).__name__}: {problem}"[:800], **mine}
+    record = {"error": None if problem is None else f"{type(problem).__name__}: {problem}"[:500], **mine}
     send = np.zeros(SETTINGS_RECORD_BYTES, np.uint8)
-    encoded = json.dumps(record).encode()
+    encoded = json.dumps(record, ensure_ascii=False).encode()
     send[: len(encoded)] = np.frombuffer(encoded, np.uint8)
     table = np.zeros((comm.Get_size(), SETTINGS_RECORD_BYTES), np.uint8)
     request = comm.Iallgather(send, table)
