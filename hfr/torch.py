@@ -10,7 +10,6 @@ Tensors themselves need nothing from this module: hfr.allreduce(tensor) works on
 """
 # No `from __future__ import annotations`: DDP compares the hooks' annotations with the real types.
 import queue
-import socket
 import threading
 from typing import Optional
 
@@ -21,6 +20,7 @@ from mpi4py import MPI
 from . import default_communicator
 from .comm import Communicator
 from .ops import Op
+from .rendezvous import store_address
 from .work import Work
 
 __all__ = ["allreduce_hook", "sum_allreduce_hook", "init_process_group"]
@@ -74,16 +74,10 @@ threading.Thread(target=_complete_futures, name="hfr-torch-futures", daemon=True
 
 def init_process_group(backend: str = "gloo", comm: Optional[MPI.Intracomm] = None, **kwargs) -> None:
     """torch.distributed.init_process_group on the ranks of comm (default MPI.COMM_WORLD), torch rank =
-    MPI rank: rank 0 picks a free TCP port and sends its address to the others over MPI (127.0.0.1
-    when every rank is on its host). kwargs go to torch.distributed.init_process_group."""
+    MPI rank, no MASTER_ADDR needed: the store is on rank 0 at an address every rank reaches
+    (hfr.rendezvous, which also points gloo at that network). kwargs go to
+    torch.distributed.init_process_group."""
     comm = MPI.COMM_WORLD if comm is None else comm
-    hosts = comm.allgather(MPI.Get_processor_name())
-    address = None
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        host = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostname()
-        address = f"tcp://{host}:{port}"
-    address = comm.bcast(address, root=0)
-    dist.init_process_group(backend, init_method=address, rank=comm.rank, world_size=comm.size, **kwargs)
+    host, port = store_address(comm)
+    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size,
+                            **kwargs)

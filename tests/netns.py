@@ -19,6 +19,7 @@ bridges with them). `python -m tests.netns --clean` removes what a killed run le
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -44,6 +45,22 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and result.returncode != 0:
         raise subprocess.CalledProcessError(result.returncode, ["ip", *args], result.stdout, result.stderr)
     return result
+
+
+def _tc(ns: str, *args: str) -> None:
+    subprocess.run(["ip", "netns", "exec", ns, "tc", *args], capture_output=True, text=True, timeout=30,
+                   check=True)
+
+
+_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+
+
+def parse_rate(rate: str) -> float:
+    """Bits per second of a tc rate such as "1gbit" or "500mbit" (decimal prefixes, as tc's)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?bit)\s*", rate.lower())
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"a link rate is a positive number and one of {', '.join(_RATE_UNITS)}, got {rate!r}")
+    return float(match.group(1)) * _RATE_UNITS[match.group(2)]
 
 
 def _namespaces() -> list[str]:
@@ -152,6 +169,26 @@ class Cluster:
                 _ip("-n", sw, "link", "set", port, "up")
                 _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", link)
                 _ip("-n", ns, "link", "set", link, "up")
+
+    # --- links -------------------------------------------------------------------------------
+    def shape(self, rate: str, burst: str = "256k") -> None:
+        """Limit every host's data link to `rate` (tc's units: "1gbit", "500mbit") each way: a token
+        bucket (tbf) on both ends of each veth, the host's `data` (what it sends) and the switch's
+        port (what it receives). netem does not work on this kernel; tbf does."""
+        parse_rate(rate)
+        for i, ns in enumerate(self.hosts):
+            for where, dev in ((ns, "data"), (self.switch, f"d{i}")):
+                _tc(where, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
+                    "latency", "100ms")
+
+    def data_bytes(self) -> list[tuple[int, int]]:
+        """(bytes sent, bytes received) so far by each host's data link, from its counters."""
+        def read(ns: str, name: str) -> int:
+            path = f"/sys/class/net/data/statistics/{name}"
+            out = subprocess.run(["ip", "netns", "exec", ns, "cat", path], capture_output=True, text=True,
+                                 timeout=30, check=True).stdout
+            return int(out)
+        return [(read(ns, "tx_bytes"), read(ns, "rx_bytes")) for ns in self.hosts]
 
     # --- faults ------------------------------------------------------------------------------
     def cut(self, host: int) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import inspect
 import os
-import socket
 from typing import Any, Callable, Optional
 
 import numpy as np
 from mpi4py import MPI
+
+from hfr.rendezvous import store_address
 
 from .arrays import ArrayKind
 from .collectives import Collective
@@ -169,21 +170,15 @@ class MpiStagedBackend:
 
 def _init_torch_distributed(comm: MPI.Comm) -> Any:
     """torch.distributed's default (gloo) group on the MPI job: rank 0 opens a TCP store on a free port
-    and tells everyone its address and port through MPI. Returns torch.distributed."""
+    at an address every rank reaches (hfr.rendezvous, which also points gloo at that network).
+    Returns torch.distributed."""
     try:
         import torch.distributed as dist
     except ImportError as e:
         raise Unavailable(f"torch is not importable: {e}") from None
     if dist.is_initialized():
         return dist
-    hosts = comm.allgather(socket.gethostname())
-    address = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
-    port = None
-    if comm.rank == 0:
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            port = probe.getsockname()[1]
-    port = comm.bcast(port, root=0)
+    address, port = store_address(comm)
     store = None
     if comm.rank == 0:  # the server listens before any client connects, so no client waits to retry
         store = dist.TCPStore(address, port, comm.size, is_master=True, wait_for_workers=False)
