@@ -265,6 +265,15 @@ cdef void _divide(floating* acc, Py_ssize_t m, Py_ssize_t divisor) noexcept nogi
         acc[i] = acc[i] / d
 
 
+cdef void _add_divide(floating* acc, const floating* x, Py_ssize_t m, Py_ssize_t divisor) noexcept nogil:
+    """acc[i] = (acc[i] + x[i]) / divisor: avg's last fold and its division in one pass over the tile
+    (the same two roundings, in the same order, as _fold then _divide)."""
+    cdef floating d = <floating>divisor
+    cdef Py_ssize_t i
+    for i in range(m):
+        acc[i] = (acc[i] + x[i]) / d
+
+
 # ---- float32 <-> half conversions (round to nearest even; NaN stays NaN) -------------------------
 
 cdef inline float _f32(uint32_t bits) noexcept nogil:
@@ -368,21 +377,29 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
     while start < hi:
         m = min(tile, hi - start)
         dst = <any_t*>tmp if stream else out + start
+        # avg's division is fused with the last fold (one pass over the tile fewer), or alone for k == 1.
         if any_t is bf16_t or any_t is fp16_t:
             _widen(acc, xs[0] + start, m)
             for j in range(1, k):
                 _widen(tmp, xs[j] + start, m)
-                _fold(acc, tmp, m, op)
-            if divisor != 1:
+                if j == k - 1 and divisor != 1:
+                    _add_divide(acc, tmp, m, divisor)
+                else:
+                    _fold(acc, tmp, m, op)
+            if k == 1 and divisor != 1:
                 _divide(acc, m, divisor)
             _narrow(dst, acc, m)
         else:
             if dst != xs[0] + start:
                 memcpy(dst, xs[0] + start, m * sizeof(any_t))
             for j in range(1, k):
+                if any_t is float or any_t is double:
+                    if j == k - 1 and divisor != 1:
+                        _add_divide(dst, xs[j] + start, m, divisor)
+                        continue
                 _fold(dst, xs[j] + start, m, op)
             if any_t is float or any_t is double:
-                if divisor != 1:
+                if k == 1 and divisor != 1:
                     _divide(dst, m, divisor)
         if stream:
             hfr_stream_copy(out + start, dst, m * sizeof(any_t))
