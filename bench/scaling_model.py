@@ -153,6 +153,8 @@ class Paper:
     pcie_latency_tree: float = _param(4.0e-6, "notes (NCCL tuning.cc): 4.0 us a tree hop over PCIe")
     nccl_base_latency: float = _param(8.4e-6, "notes (NCCL tuning.cc): 8.4 us base (Simple protocol)")
     nccl_tree_efficiency: float = _param(0.92, "notes (NCCL tuning.cc): the tree runs at 0.92 x busbw")
+    nccl_ring_plateau: float = _param(1.9, "NVIDIA/nccl src/graph/tuning.cc (2022): multi-node Simple ring "
+                                           "allreduce latency x 1.9, the 'plateau effect of ring'")
     h2d_reads: float = _param(8, "paper §IV-B: MemCpyAsync for large data, each GPU reads its copy (GDRCopy "
                                  "to 4 GPUs a NUMA node would make it 2)")
     block_bytes: float = _param(256 * 1024, "not in the paper: hfr's DEFAULT_BLOCK_BYTES")
@@ -193,7 +195,8 @@ def nccl_ring(m: Paper, nbytes: float, nnodes: int) -> Prediction:
     if nnodes > 1:
         busy["nic"] = bus / m.nic_rate
     hops = m.net_latency * 2 * (nnodes - 1) + m.pcie_latency_ring * 2 * (gpus - nnodes)
-    return Prediction(busy, m.nccl_base_latency + hops, 0.0)
+    plateau = m.nccl_ring_plateau if nnodes > 1 else 1.0
+    return Prediction(busy, (m.nccl_base_latency + hops) * plateau, 0.0)
 
 
 def nccl_tree(m: Paper, nbytes: float, nnodes: int) -> Prediction:
@@ -233,6 +236,8 @@ class Testbed:
     """The namespace hosts of tests/netns.py on one VM, as bench/testbed_measure.py measured them."""
 
     link_rate: float = _param(0.0, "measured: MPI payload bytes/s one way over a shaped link, both ways busy")
+    link_rate_all_busy: dict = field(default_factory=dict, metadata={
+        "source": "measured: the same with H hosts each sending to the next at once, by H (str)"})
     link_latency: float = _param(0.0, "measured: half an 8-byte MPI ping-pong's round trip over it")
     tcp_rate: float = _param(0.0, "measured: payload bytes/s the whole VM moves over unshaped links")
     memcpy_rate: float = _param(0.0, "measured: bytes of memory one thread's np.copyto moves a second")
@@ -240,6 +245,10 @@ class Testbed:
     cores: int = _param(0, "measured: os.cpu_count(); every host's processes share them")
     chunk_bytes: float = _param(8 * MiB, "hfr's DEFAULT_CHUNK_BYTES (hfr/settings.py)")
     block_bytes: float = _param(256 * 1024, "hfr's DEFAULT_BLOCK_BYTES (hfr/internode.py)")
+
+    def link_rate_of(self, hosts: int) -> float:
+        """One link's rate while every one of `hosts` hosts sends (they share the VM's cores)."""
+        return self.link_rate_all_busy.get(str(hosts), self.link_rate)
 
     @classmethod
     def load(cls, path: str | Path) -> "Testbed":
@@ -253,7 +262,7 @@ def _testbed_prediction(t: Testbed, hosts: int, link_bytes: float, cpu_seconds: 
     """The link of the busiest host each way, and the VM's cores that every host shares: each payload
     byte over TCP costs 1/tcp_rate of the whole VM; cpu_seconds is one host's other work, one core."""
     cpu = hosts * (link_bytes / t.tcp_rate + cpu_seconds / t.cores)
-    return Prediction({"link": link_bytes / t.link_rate, "cpu": cpu}, lat, fill)
+    return Prediction({"link": link_bytes / t.link_rate_of(hosts), "cpu": cpu}, lat, fill)
 
 
 def hfr_testbed(t: Testbed, algo: str, nbytes: float, hosts: int, ranks_per_host: int) -> Prediction:
@@ -262,14 +271,14 @@ def hfr_testbed(t: Testbed, algo: str, nbytes: float, hosts: int, ranks_per_host
     each rank copies the result out. Chunks go through the inter-node step one after another."""
     L = ranks_per_host
     s = schedule(algo, hosts)
-    copies = 2 * L * 2 * nbytes / t.memcpy_rate  # in and out, read + write each
-    reduce = ((L + 1) * nbytes if L > 1 else 0.0) + s.combined * nbytes
-    chunks = math.ceil(nbytes / t.chunk_bytes)
-    slice_ = min(nbytes, t.chunk_bytes) / L
-    block = min(t.block_bytes, slice_ / 2) * L  # L rails' blocks share the link
-    lat = chunks * latency(s, t.link_latency, block, t.link_rate)
-    fill = 3 * L * 2 * min(nbytes, t.chunk_bytes) / t.memcpy_rate / t.cores
-    return _testbed_prediction(t, hosts, s.sent * nbytes, copies + reduce / t.reduce_rate, lat, fill)
+    def node_work(size: float) -> float:  # one node's copies in and out (read + write) and reduce, one core
+        return 2 * L * 2 * size / t.memcpy_rate + ((L + 1) * size if L > 1 else 0.0) / t.reduce_rate
+
+    chunk = min(nbytes, t.chunk_bytes)
+    block = min(t.block_bytes, chunk / L / 2) * L  # L rails' blocks share the link
+    lat = math.ceil(nbytes / t.chunk_bytes) * latency(s, t.link_latency, block, t.link_rate_of(hosts))
+    cpu = node_work(nbytes) + s.combined * nbytes / t.reduce_rate
+    return _testbed_prediction(t, hosts, s.sent * nbytes, cpu, lat, node_work(chunk) / t.cores)
 
 
 def rabenseifner_on_hosts(ranks: int, per_host: int) -> tuple[float, float, int]:
@@ -312,7 +321,8 @@ def predict_run(t: Testbed, run: dict) -> Prediction:
 
 def _print_sources(machine) -> None:
     for name, value, source in sources(machine):
-        print(f"  {name:22} {value:>12.4g}  {source}")
+        shown = ", ".join(f"{k}: {v:.4g}" for k, v in value.items()) if isinstance(value, dict) else f"{value:>12.4g}"
+        print(f"  {name:22} {shown}  {source}")
 
 
 SENSITIVITY = (

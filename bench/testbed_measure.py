@@ -4,17 +4,17 @@ allreduce times the model predicts from them (issue 13).
     flock /tmp/hfr-bench.lock .venv/bin/python bench/testbed_measure.py [--out bench/testbed.json]
 
 Needs root and `ip`/`tc` (namespace hosts, tbf-shaped links). It writes one JSON document:
-- "params": measured apart from any allreduce, the model's only inputs:
-  link_rate (MPI payload bytes/s one way over one shaped link, 16 MiB messages, both directions busy at
-  once), link_latency (s, half the round trip of an 8-byte MPI ping-pong over it), tcp_rate (payload
-  bytes/s the whole VM moves over unshaped links with every core busy: 2 host pairs swapping 16 MiB;
-  every node of the testbed shares these cores), memcpy_rate and reduce_rate (bytes/s of memory
-  moved, one thread: a 64 MiB np.copyto, and hfr's kernel summing 2 float32 arrays of 16 MiB into a
-  third) and cores.
+- "params": measured apart from any allreduce, the model's only inputs: link_rate (MPI payload
+  bytes/s one way over one shaped link, 16 MiB messages, both directions busy at once),
+  link_rate_all_busy (the same with H hosts each sending to the next at once, by H), link_latency (s,
+  half the round trip of an 8-byte MPI ping-pong over it), tcp_rate (payload bytes/s the whole VM moves
+  over unshaped links with every core busy: 2 host pairs swapping 16 MiB; every node of the testbed
+  shares these cores), memcpy_rate and reduce_rate (bytes/s of memory moved, one thread: a 64 MiB
+  np.copyto, and hfr's kernel summing 2 float32 arrays of 16 MiB into a third) and cores.
 - "runs": bench/allreduce_perf.py across H hosts x L ranks on links shaped to RATE, NumPy float32 sum,
   one row per (backend, size, placement): hfr with each HFR_ALGO, and MPICH ("mpi").
 - "commit": the hfr commit measured (re-run after inter-node changes land).
-The ranks' part of the parameter runs is this same file under mpiexec (`--worker link|pairs`).
+The ranks' part of the parameter runs is this same file under mpiexec (`--worker link|pairs|shift`).
 """
 from __future__ import annotations
 
@@ -72,6 +72,24 @@ def _worker_link() -> dict:
         comm.Sendrecv(send, peer, recvbuf=recv, source=peer)
         times.append(time.perf_counter() - start)
     return {"link_latency": statistics.median(rtts) / 2, "link_rate": MESSAGE_BYTES / statistics.median(times)}
+
+
+def _worker_shift() -> dict:
+    """Every rank sends 16 MiB to the next host and receives from the previous one, all at once: the
+    rate of one link when every host's link is busy (all hosts share the VM's cores)."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    send, recv = np.ones(MESSAGE_BYTES, np.uint8), np.empty(MESSAGE_BYTES, np.uint8)
+    comm.Sendrecv(send, right, recvbuf=recv, source=left)
+    times = []
+    for _ in range(3):
+        comm.Barrier()
+        start = time.perf_counter()
+        comm.Sendrecv(send, right, recvbuf=recv, source=left)
+        comm.Barrier()
+        times.append(time.perf_counter() - start)
+    return {"rate": MESSAGE_BYTES / statistics.median(times)}
 
 
 def _worker_pairs() -> dict:
@@ -138,6 +156,11 @@ def measure_params(rate: str) -> dict:
         params.update(_worker_result(cluster, "link"))
     with netns.Cluster(4) as cluster:
         params.update(_worker_result(cluster, "pairs"))
+    params["link_rate_all_busy"] = {}
+    for hosts in sorted({h for h, _ in CONFIGS}):
+        with netns.Cluster(hosts) as cluster:
+            cluster.shape(rate)
+            params["link_rate_all_busy"][str(hosts)] = _worker_result(cluster, "shift")["rate"]
     params["link_shaped_to"] = rate
     return params
 
@@ -183,11 +206,11 @@ def main() -> int:
     p.add_argument("--sizes", default="16M,64M", help="smallest,largest allreduce size, x4 steps (default 16M,64M)")
     p.add_argument("-n", "--iters", type=int, default=2, help="timed allreduces a size (default 2)")
     p.add_argument("--algos", default=",".join(ALGOS), help=f"HFR_ALGOs to time (default {','.join(ALGOS)})")
-    p.add_argument("--worker", choices=("link", "pairs"), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=("link", "pairs", "shift"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         from mpi4py import MPI
-        result = _worker_link() if a.worker == "link" else _worker_pairs()
+        result = {"link": _worker_link, "pairs": _worker_pairs, "shift": _worker_shift}[a.worker]()
         if MPI.COMM_WORLD.rank == 0:
             print(json.dumps(result), flush=True)
         return 0
