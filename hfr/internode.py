@@ -26,8 +26,11 @@ bits too depend on n, the dtype, the op and the data alone. (doubling pairs rank
 halving high bit first, so the two give different bits: the algo, chosen by the call's size, never by a
 chunk's, is part of what a call's bits depend on; the cuts and block sizes are not.)
 
-ring is reduce-scatter then allgather around the rail (n-1 steps each) over n equal *segments* of the
-slice; mpi is MPI's own (I)allreduce, with hfr's kernel as a user-defined op for float16, bfloat16 and
+ring is reduce-scatter then allgather around the rail (n-1 steps each) over n *segments*: segment k is
+the ring granules (RING_GRANULE_BYTES, fixed) of global index g with g % n == k, one message each, so an
+element's segment, and the order its n values are combined in, follow from its global index: the bits
+do not depend on the cuts either. It moves 2 x the slice x (n-1)/n each way on every link (bandwidth-
+optimal; dbtree moves 2 x the slice). mpi is MPI's own (I)allreduce, with hfr's kernel as a user-defined op for float16, bfloat16 and
 8-bit sums and products. gather is one MPI (I)allgather of every rank's slice, after which each rank
 combines the n slices itself in rail-rank order: one collective, moving n x the slice; every rank
 computes the same sum in the same order, so its bits depend on the data alone too.
@@ -60,6 +63,7 @@ ALGOS = ("dbtree", "doubling", "halving", "ring", "mpi", "gather")
 TREE_GRANULE_BYTES = 1024 * 1024  # fixed: changing it changes which tree sums which element (1 MiB:
 # fewer Python steps per byte than 256 KiB, 1.5-2x faster at 64 MiB; arrays under 1 MiB use tree 0 alone)
 DEFAULT_BLOCK_BYTES = 256 * 1024
+RING_GRANULE_BYTES = 64 * 1024  # fixed, as TREE_GRANULE_BYTES: it decides which order sums each element
 YIELD_POLL_S = 2e-3  # after progress stops: between polls, yield the CPU (sched_yield) this long ...
 POLL_SLEEP_S = 50e-6  # ... then sleep this long (time.sleep(0) would sleep ~50 us too: timer slack)
 
@@ -92,7 +96,7 @@ def allreduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, *, algo: str 
     if algo == "mpi":
         flows = [_Sequence(_mpi_allreduce(rail, buf, op))]
     else:
-        flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
+        flows = [_all_ranks_flow(rail, buf, first, op, algo, threads)]
     _drive(rail, flows, deadline, f"allreduce ({algo})")
 
 
@@ -112,7 +116,7 @@ def reduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, root: int, *, al
     if algo == "mpi":
         flows = [_Sequence(_mpi_reduce(rail, buf, op, root))]
     else:
-        flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
+        flows = [_all_ranks_flow(rail, buf, first, op, algo, threads)]
     _drive(rail, flows, deadline, f"reduce to {root} ({algo})")
 
 
@@ -303,10 +307,10 @@ def vote(rail: MPI.Comm, votes: np.ndarray, deadline: Optional[float]) -> None:
         _run_doubling(rail, votes, Op.MAX, 1, deadline, halving=False, tag=_VOTE_TAG, what="the call check's vote")
 
 
-def _all_ranks_flow(rail, buf, op, algo, block_bytes, threads) -> _Sequence:
+def _all_ranks_flow(rail, buf, first, op, algo, threads) -> _Sequence:
     """The flow of an algo whose every rank ends with the result: ring or gather."""
     if algo == "ring":
-        return _Sequence(_ring_allreduce(rail, buf, op, block_bytes, threads))
+        return _Sequence(_ring_allreduce(rail, buf, first, op, threads))
     return _Sequence(_gather_allreduce(rail, buf, op, threads))
 
 
@@ -323,31 +327,39 @@ def _gather_allreduce(rail, buf, op, threads) -> Iterator[tuple[list[MPI.Request
 # ---------------------------------------------------------------------------------------- ring
 
 
-def _ring_allreduce(rail, buf, op, block_bytes, threads) -> Iterator[tuple[list[MPI.Request], str]]:
-    """Reduce-scatter then allgather: at step s rank r passes segment (r - s) to its right neighbour."""
+def _ring_allreduce(rail, buf, first, op, threads) -> Iterator[tuple[list[MPI.Request], str]]:
+    """Reduce-scatter then allgather: at step s rank r passes segment (r - s) to its right neighbour.
+    Segment k is the granules g (global index // RING_GRANULE_BYTES' elements) with g % n == k, so an
+    element's segment, hence the order its n values are combined in, follows from its global index."""
     rank, n = rail.Get_rank(), rail.Get_size()
     right, left = (rank + 1) % n, (rank - 1) % n
-    bounds = [buf.size * k // n for k in range(n + 1)]
-
-    def segment(k: int) -> np.ndarray:
-        return buf[bounds[k % n]:bounds[k % n + 1]]
-
-    scratch = _typed_scratch("ring", (max(bounds[k + 1] - bounds[k] for k in range(n)),), buf.dtype)
-    block = max(1, block_bytes // buf.itemsize)
+    granule = max(1, RING_GRANULE_BYTES // buf.itemsize)
+    pieces: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # segment -> its (lo, hi) in buf
+    for g in range(first // granule, -(-(first + buf.size) // granule)):
+        pieces[g % n].append((max(g * granule, first) - first, min((g + 1) * granule, first + buf.size) - first))
+    scratch = _typed_scratch("ring", (max(sum(hi - lo for lo, hi in p) for p in pieces),), buf.dtype)
     combine = unchecked_reducer()
 
-    def exchange(send: np.ndarray, recv: np.ndarray) -> list[MPI.Request]:
-        sends = [rail.Isend(_bytes(send[i:i + block]), right, _RING_TAG) for i in range(0, send.size, block)]
-        return sends + [rail.Irecv(_bytes(recv[i:i + block]), left, _RING_TAG) for i in range(0, recv.size, block)]
+    def exchange(send: int, recv: int, into_scratch: bool) -> list[MPI.Request]:
+        """Send segment `send` right, receive segment `recv` from the left (into scratch, in order)."""
+        requests = [rail.Isend(_bytes(buf[lo:hi]), right, _RING_TAG) for lo, hi in pieces[send % n]]
+        at = 0
+        for lo, hi in pieces[recv % n]:
+            target = scratch[at:at + hi - lo] if into_scratch else buf[lo:hi]
+            requests.append(rail.Irecv(_bytes(target), left, _RING_TAG))
+            at += hi - lo
+        return requests
 
     peers = f"rank {left} to send, rank {right} to receive"
     for step in range(n - 1):
-        own = segment(rank - step - 1)
-        received = scratch[:own.size]
-        yield exchange(segment(rank - step), received), f"ring reduce-scatter step {step}: {peers}"
-        combine(own, [own, received], op, threads)
+        own = (rank - step - 1) % n
+        yield exchange(rank - step, own, True), f"ring reduce-scatter step {step}: {peers}"
+        at = 0
+        for lo, hi in pieces[own]:
+            combine(buf[lo:hi], [buf[lo:hi], scratch[at:at + hi - lo]], op, threads)
+            at += hi - lo
     for step in range(n - 1):
-        yield exchange(segment(rank + 1 - step), segment(rank - step)), f"ring allgather step {step}: {peers}"
+        yield exchange(rank + 1 - step, rank - step, False), f"ring allgather step {step}: {peers}"
 
 
 # ---------------------------------------------------------------------------------------- mpi

@@ -13,7 +13,7 @@ from tests.mpirun import run_mpi
 def test_every_algo_dtype_op_size_and_root(nranks):
     out = run_mpi(nranks, "internode_worker.py", "check", timeout=120).stdout
     assert "OK allreduce" in out
-    assert "OK dbtree, doubling, halving, gather bits independent of block_bytes and cuts" in out
+    assert "OK dbtree, doubling, halving, ring, gather bits independent of block_bytes and cuts" in out
     assert "OK reduce and broadcast from every root" in out
 
 
