@@ -57,7 +57,8 @@ from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "vote", "choose_algo", "ALGOS", "TREE_GRANULE_BYTES",
-           "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES"]
+           "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
+           "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
 
 ALGOS = ("dbtree", "doubling", "halving", "ring", "mpi", "gather")
 TREE_GRANULE_BYTES = 1024 * 1024  # fixed: changing it changes which tree sums which element (1 MiB:
@@ -132,23 +133,30 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
 
 DOUBLING_UP_TO_BYTES = 64 * 1024
 HALVING_UP_TO_BYTES = 1024 * 1024
+RING_UP_TO_NODES = 8
 
 
 def choose_algo(nbytes: int, nnodes: int) -> str:
     """The algo for an allreduce of an array of nbytes over nnodes nodes, whatever its dtype (chosen by
     the call's size, never a chunk's: every chunk of a call takes the same algo).
 
-    Measured on 4 and 8 emulated nodes (bench/RESULTS.md, "The inter-node step in C"): doubling (log2 n
-    swaps of the whole slice: fewest steps) up to 64 KiB; halving (2 log2 n steps moving 2 x the slice
-    in all) up to 1 MiB; then dbtree (pipelined in blocks). All three give bits that do not depend on
-    where the caller cuts its array, for every dtype; mpi's and ring's do, and gather moves n x the
-    slice to every node, so those three are never chosen.
+    doubling (log2 n swaps of the whole slice: fewest steps) up to 64 KiB; halving (2 log2 n steps
+    moving 2 x the slice in all) up to 1 MiB (both from the shared-memory emulation, not yet re-measured
+    on links); above that ring on 2..RING_UP_TO_NODES nodes and dbtree on more. ring is from hosts joined
+    by shaped links (bench/multihost_perf.py; bench/RESULTS.md, "Inter-node over shaped links"): on 4 and
+    8 hosts at 1 Gbit/s, 16-64 MiB, ring took 0.65-0.75x dbtree's time, as its bytes per link predict
+    (2(n-1)/n against 2 x the slice). dbtree's log n steps against ring's 2(n-1) keep it beyond 8 nodes
+    (not measured on links: the testbed has 8 hosts at most). All of these give bits that do not depend
+    on where the caller cuts its array, for every dtype; mpi's do, and gather moves n x the slice to
+    every node, so those two are never chosen.
     """
     if nnodes <= 1:
         return "dbtree"  # nothing moves
     if nbytes <= DOUBLING_UP_TO_BYTES:
         return "doubling"
-    return "halving" if nbytes <= HALVING_UP_TO_BYTES else "dbtree"
+    if nbytes <= HALVING_UP_TO_BYTES:
+        return "halving"
+    return "ring" if nnodes <= RING_UP_TO_NODES else "dbtree"
 
 
 # ---------------------------------------------------------------------------------------- arguments

@@ -108,7 +108,7 @@ def cluster(request):
 @pytest.mark.parametrize("cluster,ranks_per_host,cut,loop,algo",
                          [(2, 2, 1, "mixed", "auto"), (3, 1, 1, "mixed", "auto"), (2, 1, 0, "small", "mpi")],
                          indirect=["cluster"],
-                         ids=["2 hosts x 2 ranks, dbtree and doubling", "3 hosts x 1 rank, dbtree and doubling",
+                         ids=["2 hosts x 2 ranks, ring and doubling", "3 hosts x 1 rank, ring and doubling",
                               "2 hosts x 1 rank, MPI Iallreduce only"])
 def test_a_cut_link_gives_a_timeout_on_every_rank_not_a_hang(cluster, ranks_per_host, cut, loop, algo):
     hosts = len(cluster.hosts)
