@@ -133,7 +133,7 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
 
 DOUBLING_UP_TO_BYTES = 64 * 1024
 HALVING_UP_TO_BYTES = 1024 * 1024
-RING_UP_TO_NODES = 8
+RING_UP_TO_NODES = 4
 
 
 def choose_algo(nbytes: int, nnodes: int) -> str:
@@ -143,10 +143,11 @@ def choose_algo(nbytes: int, nnodes: int) -> str:
     doubling (log2 n swaps of the whole slice: fewest steps) up to 64 KiB; halving (2 log2 n steps
     moving 2 x the slice in all) up to 1 MiB (both from the shared-memory emulation, not yet re-measured
     on links); above that ring on 2..RING_UP_TO_NODES nodes and dbtree on more. ring is from hosts joined
-    by shaped links (bench/multihost_perf.py; bench/RESULTS.md, "Inter-node over shaped links"): on 4 and
-    8 hosts at 1 Gbit/s, 16-64 MiB, ring took 0.65-0.75x dbtree's time, as its bytes per link predict
-    (2(n-1)/n against 2 x the slice). dbtree's log n steps against ring's 2(n-1) keep it beyond 8 nodes
-    (not measured on links: the testbed has 8 hosts at most). All of these give bits that do not depend
+    by shaped links (bench/multihost_perf.py; bench/RESULTS.md, "Inter-node over shaped links"): on 4
+    hosts x 2 at 1 Gbit/s, 16-64 MiB, ring took 0.73-0.84x dbtree's time, as its bytes per link predict
+    (2(n-1)/n against 2 x the slice); on 8 hosts it was even with dbtree at 16 MiB and well behind at
+    64 MiB (its 2(n-1) steps in Python, CPU-bound on the 2-core VM), so dbtree from 5 nodes on (5-7 not
+    measured). All of these give bits that do not depend
     on where the caller cuts its array, for every dtype; mpi's do, and gather moves n x the slice to
     every node, so those two are never chosen.
     """

@@ -52,7 +52,7 @@ assert (y == size - 1).all(), y[:4]
 print(f"rank {rank} on {MPI.Get_processor_name()}: node {comm.node}/{comm.nnodes}, "
       f"local rank {comm.local_rank}/{comm.local_size}: sums correct; ready", flush=True)
 
-big = np.ones(1 << 20, np.float32)  # 4 MiB: ring (auto, <= 8 nodes), in chunks
+big = np.ones(1 << 20, np.float32)  # 4 MiB: ring (auto, <= 4 nodes), in chunks
 small = np.ones(1 << 10, np.int64)  # 8 KiB of integers: doubling
 calls, start = 0, time.monotonic()
 last_done = start
