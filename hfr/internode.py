@@ -26,8 +26,11 @@ bits too depend on n, the dtype, the op and the data alone. (doubling pairs rank
 halving high bit first, so the two give different bits: the algo, chosen by the call's size, never by a
 chunk's, is part of what a call's bits depend on; the cuts and block sizes are not.)
 
-ring is reduce-scatter then allgather around the rail (n-1 steps each) over n equal *segments* of the
-slice; mpi is MPI's own (I)allreduce, with hfr's kernel as a user-defined op for float16, bfloat16 and
+ring is reduce-scatter then allgather around the rail (n-1 steps each) over n *segments*: segment k is
+the ring granules (RING_GRANULE_BYTES, fixed) of global index g with g % n == k, one message each, so an
+element's segment, and the order its n values are combined in, follow from its global index: the bits
+do not depend on the cuts either. It moves 2 x the slice x (n-1)/n each way on every link (bandwidth-
+optimal; dbtree moves 2 x the slice). mpi is MPI's own (I)allreduce, with hfr's kernel as a user-defined op for float16, bfloat16 and
 8-bit sums and products. gather is one MPI (I)allgather of every rank's slice, after which each rank
 combines the n slices itself in rail-rank order: one collective, moving n x the slice; every rank
 computes the same sum in the same order, so its bits depend on the data alone too.
@@ -54,12 +57,14 @@ from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "vote", "choose_algo", "ALGOS", "TREE_GRANULE_BYTES",
-           "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES"]
+           "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
+           "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
 
 ALGOS = ("dbtree", "doubling", "halving", "ring", "mpi", "gather")
 TREE_GRANULE_BYTES = 1024 * 1024  # fixed: changing it changes which tree sums which element (1 MiB:
 # fewer Python steps per byte than 256 KiB, 1.5-2x faster at 64 MiB; arrays under 1 MiB use tree 0 alone)
 DEFAULT_BLOCK_BYTES = 256 * 1024
+RING_GRANULE_BYTES = 64 * 1024  # fixed, as TREE_GRANULE_BYTES: it decides which order sums each element
 YIELD_POLL_S = 2e-3  # after progress stops: between polls, yield the CPU (sched_yield) this long ...
 POLL_SLEEP_S = 50e-6  # ... then sleep this long (time.sleep(0) would sleep ~50 us too: timer slack)
 
@@ -92,7 +97,7 @@ def allreduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, *, algo: str 
     if algo == "mpi":
         flows = [_Sequence(_mpi_allreduce(rail, buf, op))]
     else:
-        flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
+        flows = [_all_ranks_flow(rail, buf, first, op, algo, threads)]
     _drive(rail, flows, deadline, f"allreduce ({algo})")
 
 
@@ -112,7 +117,7 @@ def reduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, root: int, *, al
     if algo == "mpi":
         flows = [_Sequence(_mpi_reduce(rail, buf, op, root))]
     else:
-        flows = [_all_ranks_flow(rail, buf, op, algo, block_bytes, threads)]
+        flows = [_all_ranks_flow(rail, buf, first, op, algo, threads)]
     _drive(rail, flows, deadline, f"reduce to {root} ({algo})")
 
 
@@ -128,23 +133,31 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
 
 DOUBLING_UP_TO_BYTES = 64 * 1024
 HALVING_UP_TO_BYTES = 1024 * 1024
+RING_UP_TO_NODES = 4
 
 
 def choose_algo(nbytes: int, nnodes: int) -> str:
     """The algo for an allreduce of an array of nbytes over nnodes nodes, whatever its dtype (chosen by
     the call's size, never a chunk's: every chunk of a call takes the same algo).
 
-    Measured on 4 and 8 emulated nodes (bench/RESULTS.md, "The inter-node step in C"): doubling (log2 n
-    swaps of the whole slice: fewest steps) up to 64 KiB; halving (2 log2 n steps moving 2 x the slice
-    in all) up to 1 MiB; then dbtree (pipelined in blocks). All three give bits that do not depend on
-    where the caller cuts its array, for every dtype; mpi's and ring's do, and gather moves n x the
-    slice to every node, so those three are never chosen.
+    doubling (log2 n swaps of the whole slice: fewest steps) up to 64 KiB; halving (2 log2 n steps
+    moving 2 x the slice in all) up to 1 MiB (both from the shared-memory emulation, not yet re-measured
+    on links); above that ring on 2..RING_UP_TO_NODES nodes and dbtree on more. ring is from hosts joined
+    by shaped links (bench/multihost_perf.py; bench/RESULTS.md, "Inter-node over shaped links"): on 4
+    hosts x 2 at 1 Gbit/s, 16-64 MiB, ring took 0.73-0.84x dbtree's time, as its bytes per link predict
+    (2(n-1)/n against 2 x the slice); on 8 hosts it was even with dbtree at 16 MiB and well behind at
+    64 MiB (its 2(n-1) steps in Python, CPU-bound on the 2-core VM), so dbtree from 5 nodes on (5-7 not
+    measured). All of these give bits that do not depend
+    on where the caller cuts its array, for every dtype; mpi's do, and gather moves n x the slice to
+    every node, so those two are never chosen.
     """
     if nnodes <= 1:
         return "dbtree"  # nothing moves
     if nbytes <= DOUBLING_UP_TO_BYTES:
         return "doubling"
-    return "halving" if nbytes <= HALVING_UP_TO_BYTES else "dbtree"
+    if nbytes <= HALVING_UP_TO_BYTES:
+        return "halving"
+    return "ring" if nnodes <= RING_UP_TO_NODES else "dbtree"
 
 
 # ---------------------------------------------------------------------------------------- arguments
@@ -303,10 +316,10 @@ def vote(rail: MPI.Comm, votes: np.ndarray, deadline: Optional[float]) -> None:
         _run_doubling(rail, votes, Op.MAX, 1, deadline, halving=False, tag=_VOTE_TAG, what="the call check's vote")
 
 
-def _all_ranks_flow(rail, buf, op, algo, block_bytes, threads) -> _Sequence:
+def _all_ranks_flow(rail, buf, first, op, algo, threads) -> _Sequence:
     """The flow of an algo whose every rank ends with the result: ring or gather."""
     if algo == "ring":
-        return _Sequence(_ring_allreduce(rail, buf, op, block_bytes, threads))
+        return _Sequence(_ring_allreduce(rail, buf, first, op, threads))
     return _Sequence(_gather_allreduce(rail, buf, op, threads))
 
 
@@ -323,31 +336,39 @@ def _gather_allreduce(rail, buf, op, threads) -> Iterator[tuple[list[MPI.Request
 # ---------------------------------------------------------------------------------------- ring
 
 
-def _ring_allreduce(rail, buf, op, block_bytes, threads) -> Iterator[tuple[list[MPI.Request], str]]:
-    """Reduce-scatter then allgather: at step s rank r passes segment (r - s) to its right neighbour."""
+def _ring_allreduce(rail, buf, first, op, threads) -> Iterator[tuple[list[MPI.Request], str]]:
+    """Reduce-scatter then allgather: at step s rank r passes segment (r - s) to its right neighbour.
+    Segment k is the granules g (global index // RING_GRANULE_BYTES' elements) with g % n == k, so an
+    element's segment, hence the order its n values are combined in, follows from its global index."""
     rank, n = rail.Get_rank(), rail.Get_size()
     right, left = (rank + 1) % n, (rank - 1) % n
-    bounds = [buf.size * k // n for k in range(n + 1)]
-
-    def segment(k: int) -> np.ndarray:
-        return buf[bounds[k % n]:bounds[k % n + 1]]
-
-    scratch = _typed_scratch("ring", (max(bounds[k + 1] - bounds[k] for k in range(n)),), buf.dtype)
-    block = max(1, block_bytes // buf.itemsize)
+    granule = max(1, RING_GRANULE_BYTES // buf.itemsize)
+    pieces: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # segment -> its (lo, hi) in buf
+    for g in range(first // granule, -(-(first + buf.size) // granule)):
+        pieces[g % n].append((max(g * granule, first) - first, min((g + 1) * granule, first + buf.size) - first))
+    scratch = _typed_scratch("ring", (max(sum(hi - lo for lo, hi in p) for p in pieces),), buf.dtype)
     combine = unchecked_reducer()
 
-    def exchange(send: np.ndarray, recv: np.ndarray) -> list[MPI.Request]:
-        sends = [rail.Isend(_bytes(send[i:i + block]), right, _RING_TAG) for i in range(0, send.size, block)]
-        return sends + [rail.Irecv(_bytes(recv[i:i + block]), left, _RING_TAG) for i in range(0, recv.size, block)]
+    def exchange(send: int, recv: int, into_scratch: bool) -> list[MPI.Request]:
+        """Send segment `send` right, receive segment `recv` from the left (into scratch, in order)."""
+        requests = [rail.Isend(_bytes(buf[lo:hi]), right, _RING_TAG) for lo, hi in pieces[send % n]]
+        at = 0
+        for lo, hi in pieces[recv % n]:
+            target = scratch[at:at + hi - lo] if into_scratch else buf[lo:hi]
+            requests.append(rail.Irecv(_bytes(target), left, _RING_TAG))
+            at += hi - lo
+        return requests
 
     peers = f"rank {left} to send, rank {right} to receive"
     for step in range(n - 1):
-        own = segment(rank - step - 1)
-        received = scratch[:own.size]
-        yield exchange(segment(rank - step), received), f"ring reduce-scatter step {step}: {peers}"
-        combine(own, [own, received], op, threads)
+        own = (rank - step - 1) % n
+        yield exchange(rank - step, own, True), f"ring reduce-scatter step {step}: {peers}"
+        at = 0
+        for lo, hi in pieces[own]:
+            combine(buf[lo:hi], [buf[lo:hi], scratch[at:at + hi - lo]], op, threads)
+            at += hi - lo
     for step in range(n - 1):
-        yield exchange(segment(rank + 1 - step), segment(rank - step)), f"ring allgather step {step}: {peers}"
+        yield exchange(rank + 1 - step, rank - step, False), f"ring allgather step {step}: {peers}"
 
 
 # ---------------------------------------------------------------------------------------- mpi

@@ -75,10 +75,12 @@ def store_address(comm: MPI.Intracomm) -> tuple[str, int]:
         probe = socket.socket()
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("", 0))
-        probe.listen(comm.size)
         interfaces = ipv4_interfaces()
         preferred = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
         names = sorted((n for n in interfaces if not interfaces[n].startswith("127.")), key=lambda n: n != preferred)
+        # Never accepted: the backlog must hold every rank's probe of every address, or the kernel drops
+        # the later ones (4 hosts x 2 ranks, two addresses: 14 probes, and "unreachable" with size 8).
+        probe.listen(comm.size * max(1, len(names)))
         offer = (["127.0.0.1"] if on_rank0_host else [interfaces[n] for n in names], probe.getsockname()[1])
     try:
         addresses, port = comm.bcast(offer, root=0)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from hfr.internode import ALGOS, DOUBLING_UP_TO_BYTES, HALVING_UP_TO_BYTES, choose_algo
+from hfr.internode import ALGOS, DOUBLING_UP_TO_BYTES, HALVING_UP_TO_BYTES, RING_UP_TO_NODES, choose_algo
 from tests.mpirun import run_mpi
 
 
@@ -13,7 +13,7 @@ from tests.mpirun import run_mpi
 def test_every_algo_dtype_op_size_and_root(nranks):
     out = run_mpi(nranks, "internode_worker.py", "check", timeout=120).stdout
     assert "OK allreduce" in out
-    assert "OK dbtree, doubling, halving, gather bits independent of block_bytes and cuts" in out
+    assert "OK dbtree, doubling, halving, ring, gather bits independent of block_bytes and cuts" in out
     assert "OK reduce and broadcast from every root" in out
 
 
@@ -29,6 +29,8 @@ def test_dead_peer_times_out_naming_it():
 def test_choose_algo():
     assert choose_algo(8, 4) == "doubling" and choose_algo(DOUBLING_UP_TO_BYTES, 8) == "doubling"
     assert choose_algo(DOUBLING_UP_TO_BYTES + 4, 4) == "halving" and choose_algo(HALVING_UP_TO_BYTES, 3) == "halving"
-    assert choose_algo(HALVING_UP_TO_BYTES + 4, 4) == "dbtree" and choose_algo(8, 1) == "dbtree"
+    assert choose_algo(HALVING_UP_TO_BYTES + 4, 2) == "ring" and choose_algo(1 << 30, RING_UP_TO_NODES) == "ring"
+    assert choose_algo(HALVING_UP_TO_BYTES + 4, RING_UP_TO_NODES + 1) == "dbtree" and choose_algo(8, 1) == "dbtree"
     # never an algo whose bits depend on the cuts
-    assert all(choose_algo(1 << k, n) in ("dbtree", "doubling", "halving") for k in range(40) for n in (1, 2, 3, 64))
+    assert all(choose_algo(1 << k, n) in ("dbtree", "doubling", "halving", "ring")
+               for k in range(40) for n in (1, 2, 3, 8, 9, 64))

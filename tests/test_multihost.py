@@ -108,7 +108,7 @@ def cluster(request):
 @pytest.mark.parametrize("cluster,ranks_per_host,cut,loop,algo",
                          [(2, 2, 1, "mixed", "auto"), (3, 1, 1, "mixed", "auto"), (2, 1, 0, "small", "mpi")],
                          indirect=["cluster"],
-                         ids=["2 hosts x 2 ranks, dbtree and doubling", "3 hosts x 1 rank, dbtree and doubling",
+                         ids=["2 hosts x 2 ranks, ring and doubling", "3 hosts x 1 rank, ring and doubling",
                               "2 hosts x 1 rank, MPI Iallreduce only"])
 def test_a_cut_link_gives_a_timeout_on_every_rank_not_a_hang(cluster, ranks_per_host, cut, loop, algo):
     hosts = len(cluster.hosts)
@@ -141,3 +141,28 @@ def test_a_cut_link_gives_a_timeout_on_every_rank_not_a_hang(cluster, ranks_per_
         assert out.count("for the call check") + out.count("allreduce (mpi) timed out") == ranks, out
     print(f"{hosts} hosts x {ranks_per_host}, {loop} with {algo}: every rank timed out {took:.1f} s after the cut\n"
           f"{out}")
+
+
+GLOO = ("import torch, torch.distributed as dist, hfr.torch; from mpi4py import MPI; w = MPI.COMM_WORLD; "
+        "hfr.torch.init_process_group('gloo'); t = torch.full((1 << 20,), float(w.rank + 1)); dist.all_reduce(t); "
+        "want = w.size * (w.size + 1) / 2; assert bool((t == want).all()), (w.rank, t[:4]); "
+        "print('gloo ok', w.rank, flush=True); dist.destroy_process_group()")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", [3], indirect=True, ids=["3 hosts x 2 ranks"])
+def test_init_process_group_and_gloo_work_across_hosts_that_share_a_hostname(cluster):
+    """Namespaces share one hostname; the store must still be on an address the other hosts reach (5
+    ranks probe rank 0's 2 addresses: more than a backlog of comm.size held), and gloo's 4 MiB per rank
+    must cross the data links (GLOO_SOCKET_IFNAME=data)."""
+    pytest.importorskip("torch")
+    before = cluster.data_bytes()
+    job = Job(cluster, 2, [sys.executable, "-c", GLOO], {"GLOO_SOCKET_IFNAME": "data"})
+    try:
+        ok = job.wait_for("gloo ok", 6, time.monotonic() + 90)
+        rc = job.finish(time.monotonic() + 20)
+    finally:
+        job.kill()
+    assert ok and rc == 0, f"exit {rc} (None: hung and killed):\n{job.output}"
+    received = [rx - rx0 for (_, rx), (_, rx0) in zip(cluster.data_bytes(), before)]
+    assert min(received) >= 4 << 20, f"the data links carried too little of gloo's allreduce: {received}"

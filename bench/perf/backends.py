@@ -15,12 +15,13 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
+from hfr.internode import ALGOS
 from hfr.rendezvous import store_address
 
 from .arrays import ArrayKind
 from .collectives import Collective
 
-__all__ = ["Unavailable", "make_backend", "BACKEND_NAMES", "ranks_per_host"]
+__all__ = ["Unavailable", "make_backend", "BACKEND_NAMES", "HFR_ALGO_NAMES", "ranks_per_host"]
 
 _HALF_TYPES = ("float16", "bfloat16")
 
@@ -44,11 +45,11 @@ def _finish_avg(recv: Any, op: str, nranks: int) -> None:
 
 
 class HfrBackend:
-    """hfr's Communicator on the whole job."""
+    """hfr's Communicator on the whole job; "hfr:ALGO" forces the inter-node algorithm ALGO (HFR_ALGO)."""
 
     name = "hfr"
 
-    def __init__(self, comm: MPI.Comm, kind: ArrayKind) -> None:
+    def __init__(self, comm: MPI.Comm, kind: ArrayKind, algo: Optional[str] = None) -> None:
         try:
             import hfr
         except ImportError as e:
@@ -56,7 +57,19 @@ class HfrBackend:
         if not hasattr(hfr, "Communicator") or not hasattr(hfr, "allreduce"):
             raise Unavailable("this hfr has no allreduce yet")
         self.hfr = hfr
-        self.comm = hfr.Communicator(comm=comm)
+        if algo is None:
+            self.comm = hfr.Communicator(comm=comm)
+            return
+        self.name = f"hfr:{algo}"
+        saved = os.environ.get("HFR_ALGO")
+        os.environ["HFR_ALGO"] = algo  # read once, by the Communicator's constructor
+        try:
+            self.comm = hfr.Communicator(comm=comm)
+        finally:
+            if saved is None:
+                del os.environ["HFR_ALGO"]
+            else:
+                os.environ["HFR_ALGO"] = saved
 
     def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
         method = getattr(self.comm, coll.name)
@@ -287,6 +300,11 @@ _BACKENDS = {b.name: b for b in (HfrBackend, MpiBackend, MpiStagedBackend, GlooB
 BACKEND_NAMES = ("hfr", "mpi", "mpi-staged", "gloo", "nccl")  # the public ones, in table order
 
 
+HFR_ALGO_NAMES = tuple(f"hfr:{algo}" for algo in ALGOS)  # hfr with one inter-node algorithm forced
+
+
 def make_backend(name: str, comm: MPI.Comm, kind: ArrayKind) -> Any:
     """The named backend, ready to run, or Unavailable(reason). Collective over comm."""
+    if name.startswith("hfr:"):
+        return HfrBackend(comm, kind, algo=name[len("hfr:"):])
     return _BACKENDS[name](comm, kind)

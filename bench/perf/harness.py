@@ -20,8 +20,9 @@ from mpi4py import MPI
 
 from . import report
 from .arrays import ArrayKind
-from .backends import BACKEND_NAMES, Unavailable, make_backend
+from .backends import BACKEND_NAMES, HFR_ALGO_NAMES, Unavailable, make_backend
 from .collectives import COLLECTIVES, DTYPES, OPS, Collective, count_wrong, poison, rank_input
+from .links import LinkMeter
 
 __all__ = ["main", "parse_args", "parse_size", "sweep_sizes", "Result"]
 
@@ -66,7 +67,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--collective", choices=list(COLLECTIVES), default="allreduce")
     p.add_argument("--array", choices=("numpy", "cupy"), default="numpy")
     p.add_argument("--backends", default=",".join(BACKEND_NAMES),
-                   help=f"comma-separated, timed in this order (default {','.join(BACKEND_NAMES)})")
+                   help=f"comma-separated, timed in this order (default {','.join(BACKEND_NAMES)}); "
+                        f"hfr:ALGO forces an inter-node algorithm, one of {','.join(HFR_ALGO_NAMES)}")
     p.add_argument("--seed", type=int, default=1, help="seed of every rank's input (default 1)")
     p.add_argument("--json", metavar="FILE", help="write layout, results and speedups as JSON")
     p.add_argument("--csv", metavar="FILE", help="write the results, one row per size, backend and placement")
@@ -75,8 +77,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     for name in args.backends:
-        if name not in BACKEND_NAMES and name != "wrong":  # "wrong": the tests' corrupting backend
-            p.error(f"unknown backend {name!r}: choose from {','.join(BACKEND_NAMES)}")
+        if name not in BACKEND_NAMES + HFR_ALGO_NAMES and name != "wrong":  # "wrong": the tests' corrupting one
+            p.error(f"unknown backend {name!r}: choose from {','.join(BACKEND_NAMES + HFR_ALGO_NAMES)}")
     if args.op == "avg" and DTYPES[args.datatype].kind not in "fV":
         p.error(f"-o avg needs a float type, not {args.datatype}")
     if args.minbytes > args.maxbytes or (args.stepfactor < 2 and args.minbytes != args.maxbytes):
@@ -101,13 +103,15 @@ class Result:
     busbw: Optional[float] = None  # GB/s
     wrong: Optional[int] = None  # None: not checked
     reason: Optional[str] = None  # why it did not run
+    link_use: Optional[float] = None  # busiest link's bytes / (rate x time), across hosts (links.py)
 
 
 class Sweep:
     """One size on this rank: its buffers, how to run a backend on them, and how to check the result."""
 
-    def __init__(self, args: argparse.Namespace, kind: ArrayKind, comm: MPI.Comm, size: int) -> None:
-        self.args, self.kind, self.comm = args, kind, comm
+    def __init__(self, args: argparse.Namespace, kind: ArrayKind, comm: MPI.Comm, size: int,
+                 links: LinkMeter) -> None:
+        self.args, self.kind, self.comm, self.links = args, kind, comm, links
         self.coll: Collective = COLLECTIVES[args.collective]
         self.dtype = DTYPES[args.datatype]
         self.count = size // self.dtype.itemsize
@@ -150,19 +154,23 @@ class Sweep:
             wrong += count_wrong(self.kind.to_host(send), self.input)
         return self.comm.allreduce(wrong, op=MPI.SUM)
 
-    def seconds(self, backend: Any, in_place: bool) -> float:
-        """Median over iterations of the slowest rank's seconds for one call; warm-up calls are not timed."""
+    def seconds(self, backend: Any, in_place: bool) -> tuple[float, Optional[float]]:
+        """Median over iterations of the slowest rank's seconds for one call (warm-up calls are not
+        timed), and the link use of the timed calls (None without a link rate)."""
         iters, warmup = self.args.iters, self.args.warmup_iters
         seconds = np.zeros(iters)
         for i in range(warmup + iters):
             self.prepare(in_place)
             self.comm.Barrier()
+            if i == warmup:
+                self.links.start()
             start = time.perf_counter()
             self.call(backend, in_place)
             if i >= warmup:
                 seconds[i - warmup] = time.perf_counter() - start
         self.comm.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
-        return float(np.median(seconds))
+        median = float(np.median(seconds))
+        return median, self.links.use(iters, median)
 
 
 def run_one(backend: Any, sweep: Sweep, in_place: bool) -> Result:
@@ -175,7 +183,7 @@ def run_one(backend: Any, sweep: Sweep, in_place: bool) -> Result:
         sweep.prepare(in_place)
         sweep.call(backend, in_place)
         result.wrong = sweep.wrong(in_place)
-    seconds = sweep.seconds(backend, in_place)
+    seconds, result.link_use = sweep.seconds(backend, in_place)
     result.time_us = seconds * 1e6
     result.algbw = sweep.size / seconds / 1e9
     result.busbw = result.algbw * sweep.coll.bus_factor(sweep.comm.size)
@@ -214,12 +222,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise SystemExit(f"-r {args.root}: the root must be a rank, 0..{comm.size - 1}")
     sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor, dtype.itemsize)
     backends, missing = make_backends(args, comm, kind)
-    out = report.Report(args, comm, backends, missing)
+    links = LinkMeter(comm)
+    out = report.Report(args, comm, backends, missing, links.rate_bps)
     out.header()
     progress = report.Progress(len(sizes) * len(backends) * len(PLACEMENTS), enabled=comm.rank == 0)
     results: list[Result] = []
     for size in sizes:
-        sweep = Sweep(args, kind, comm, size)
+        sweep = Sweep(args, kind, comm, size, links)
         for backend in backends:
             row = []
             for in_place in (False, True):

@@ -25,6 +25,7 @@ _KEY_COLUMNS = f"{'backend':>10} {'size':>12} {'count':>12} {'type':>8} {'redop'
 _KEY_UNITS = f"{'':>10} {'(B)':>12} {'(elements)':>12} {'':>8} {'':>6} {'':>5}"
 _NUM_COLUMNS = f"{'time':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>7}"
 _NUM_UNITS = f"{'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}"
+_LINK_COLUMN, _LINK_UNITS = f" {'link':>6}", f" {'(%)':>6}"  # across hosts with a link rate (links.py)
 
 
 class Progress:
@@ -81,8 +82,10 @@ def _fmt(value: Optional[float], width: int, digits: int) -> str:
 class Report:
     """Collects the lines rank 0 prints; other ranks only take part in gathering the layout."""
 
-    def __init__(self, args: argparse.Namespace, comm: MPI.Comm, backends: list, missing: dict[str, str]) -> None:
+    def __init__(self, args: argparse.Namespace, comm: MPI.Comm, backends: list, missing: dict[str, str],
+                 link_bps: Optional[float] = None) -> None:
         self.args, self.comm, self.backends, self.missing = args, comm, backends, missing
+        self.link_bps = link_bps
         self.coll = COLLECTIVES[args.collective]
         self.lines: list[str] = []
         hosts = comm.allgather(socket.gethostname())
@@ -95,6 +98,7 @@ class Report:
             "mpi4py": mpi4py.__version__,
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "array": args.array,
+            "link_bps": link_bps,
         }
         self.redop = args.op if self.coll.uses_op else "none"
         self.root = args.root if self.coll.uses_root else -1
@@ -127,29 +131,37 @@ class Report:
                 reason = backend.unsupported(self.coll, dtype, a.op, in_place)
                 if reason:
                     self._print(f"# backend {backend.name}: {placement} n/a: {reason}")
+        links = self.link_bps is not None
+        if links:
+            self._print(f"# link: each host's data link shaped to {self.link_bps / 1e9:g} Gbit/s each way; link % = "
+                        f"the busiest link's bytes one way per call / (rate x time)")
         self._print("#")
         pad = " " * len(_KEY_COLUMNS)
-        self._print(f"#{pad} {'out-of-place':>34}  {'in-place':>34}")
-        self._print(f"#{_KEY_COLUMNS} {_NUM_COLUMNS}  {_NUM_COLUMNS}")
-        self._print(f"#{_KEY_UNITS} {_NUM_UNITS}  {_NUM_UNITS}")
+        columns = _NUM_COLUMNS + (_LINK_COLUMN if links else "")
+        units = _NUM_UNITS + (_LINK_UNITS if links else "")
+        self._print(f"#{pad} {'out-of-place':>{len(columns)}}  {'in-place':>{len(columns)}}")
+        self._print(f"#{_KEY_COLUMNS} {columns}  {columns}")
+        self._print(f"#{_KEY_UNITS} {units}  {units}")
 
     def row(self, results: list, progress: Progress) -> None:
         first = results[0]
         key = (f" {first.backend:>10} {first.size:>12} {first.count:>12} {self.args.datatype:>8} "
                f"{self.redop:>6} {self.root:>5}")
         halves = [f"{_fmt(r.time_us, 10, 1)} {_fmt(r.algbw, 7, 3)} {_fmt(r.busbw, 7, 3)} "
-                  f"{'n/a' if r.wrong is None else r.wrong:>7}" for r in results]
+                  f"{'n/a' if r.wrong is None else r.wrong:>7}"
+                  + (f" {_fmt(None if r.link_use is None else 100 * r.link_use, 6, 1)}" if self.link_bps else "")
+                  for r in results]
         self._print(key + " " + "  ".join(halves), progress)
 
     def speedups(self, results: list) -> list[dict]:
-        """Per size and placement: hfr's time against the fastest peer whose results were right."""
+        """Per size and placement: hfr's time (auto) against the fastest peer whose results were right."""
         table = []
         for size in sorted({r.size for r in results}):
             for placement in ("out-of-place", "in-place"):
                 timed = [r for r in results if r.size == size and r.placement == placement
                          and r.time_us is not None and not r.wrong]
                 hfr = next((r for r in timed if r.backend == "hfr"), None)
-                peers = [r for r in timed if r.backend != "hfr"]
+                peers = [r for r in timed if r.backend.split(":")[0] != "hfr"]  # not hfr:ALGO either
                 if hfr is None or not peers:
                     continue
                 best = min(peers, key=lambda r: r.time_us)

@@ -28,7 +28,7 @@ RANK, NRANKS = COMM.Get_rank(), COMM.Get_size()
 SIZES = (0, 1, 7, 100_003)
 UFUNCS = {Op.SUM: np.add, Op.MAX: np.maximum, Op.MIN: np.minimum, Op.PROD: np.multiply}
 POISON = 0xA5
-CUT_FREE_ALGOS = ("dbtree", "doubling", "halving", "gather")  # whose bits do not depend on how the array is cut
+CUT_FREE_ALGOS = ("dbtree", "doubling", "halving", "ring", "gather")  # whose bits do not depend on how the array is cut
 
 
 def deadline() -> float:

@@ -5,7 +5,7 @@ argv: HOSTS RANKS_PER_HOST [LOOP]. Every rank
  2. allreduces a few arrays across them and checks the results (sums and max; small arrays cross nodes
     by recursive doubling, the larger ones by the double binary tree in chunks; HFR_ALGO may force one);
  3. prints "ready", then loops allreduces while the test takes one host's data link down: LOOP
-    "mixed" (the default) takes 4 MiB of float32 (dbtree) and 8 KiB of int64 (doubling) by turns,
+    "mixed" (the default) takes 4 MiB of float32 (ring) and 8 KiB of int64 (doubling) by turns,
     "small" only the int64 ones;
  4. must get hfr.HFRError (HFRTimeoutError) within the communicator's timeout plus a few seconds of
     its last finished call, prints "rank R: <error type> after S s: <message>", checks that the
@@ -52,7 +52,7 @@ assert (y == size - 1).all(), y[:4]
 print(f"rank {rank} on {MPI.Get_processor_name()}: node {comm.node}/{comm.nnodes}, "
       f"local rank {comm.local_rank}/{comm.local_size}: sums correct; ready", flush=True)
 
-big = np.ones(1 << 20, np.float32)  # 4 MiB: dbtree, in chunks
+big = np.ones(1 << 20, np.float32)  # 4 MiB: ring (auto, <= 4 nodes), in chunks
 small = np.ones(1 << 10, np.int64)  # 8 KiB of integers: doubling
 calls, start = 0, time.monotonic()
 last_done = start
