@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Communicator", "Work", "Op", "HFRError", "HFRTimeoutError", "MismatchError",
     "allreduce", "allreduce_async", "reduce", "reduce_async", "broadcast", "broadcast_async",
+    "reduce_scatter", "reduce_scatter_async", "allgather", "allgather_async",
     "default_communicator", "__version__",
 ]
 
@@ -61,6 +62,24 @@ def broadcast(x: Any, root: int = 0) -> Any:
 
 def broadcast_async(x: Any, root: int = 0) -> Work:
     return default_communicator().broadcast_async(x, root)
+
+
+def reduce_scatter(x: Any, out: Any, op: OpLike = "sum") -> Any:
+    """Reduce x (n * k elements) over all n ranks; out (k elements) gets this rank's k, in rank order."""
+    return default_communicator().reduce_scatter(x, out, op)
+
+
+def reduce_scatter_async(x: Any, out: Any, op: OpLike = "sum") -> Work:
+    return default_communicator().reduce_scatter_async(x, out, op)
+
+
+def allgather(x: Any, out: Any) -> Any:
+    """Every rank's x (k elements) into out (n * k elements), in rank order."""
+    return default_communicator().allgather(x, out)
+
+
+def allgather_async(x: Any, out: Any) -> Work:
+    return default_communicator().allgather_async(x, out)
 
 
 def __getattr__(name: str) -> Any:

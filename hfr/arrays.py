@@ -15,7 +15,7 @@ import numpy as np
 
 from .ops import DTYPES, as_dtype
 
-__all__ = ["Array", "inspect", "check_out"]
+__all__ = ["Array", "inspect", "check_out", "check_shards"]
 
 
 @dataclass(frozen=True)
@@ -118,15 +118,37 @@ def _address(a: Any, kind: str) -> int:
 
 def check_out(x: Array, out: Any) -> Array:
     """out as an Array matching x in library, shape, dtype and device, not partly overlapping x."""
+    o = _like(x, out)
+    if o.shape != x.shape:
+        raise ValueError(f"out has shape {o.shape}, x has {x.shape}")
+    if o.address != x.address and x.nbytes and _overlaps(o, x):
+        raise ValueError("out partly overlaps x: pass the same array for in place, or a separate one")
+    return o
+
+
+def check_shards(x: Array, out: Any, collective: str, ranks: int, rank: int) -> Array:
+    """out of a reduce_scatter (x: ranks * k elements, out: this rank's k) or an allgather (x: k, out:
+    ranks * k), as an Array matching x in library, dtype and device. The shard may lie in the whole
+    array at this rank's place (in place, as FSDP's all-gather does), nowhere else in it."""
+    o = _like(x, out)
+    whole, shard = (x, o) if collective == "reduce_scatter" else (o, x)
+    if whole.size != ranks * shard.size:
+        raise ValueError(f"{collective} over {ranks} ranks needs {'x' if whole is x else 'out'} to hold {ranks} x "
+                         f"{'out' if whole is x else 'x'}'s elements: x has {x.size}, out has {o.size}")
+    in_place = shard.address == whole.address + rank * shard.nbytes
+    if shard.nbytes and not in_place and _overlaps(o, x):
+        raise ValueError(f"out overlaps x other than at rank {rank}'s shard: pass separate arrays, or the shard "
+                         f"at its place in the whole")
+    return o
+
+
+def _like(x: Array, out: Any) -> Array:
+    """out as an Array of x's library, kind, device and dtype."""
     o = inspect(out, "out")
     if (o.library, o.kind, o.device) != (x.library, x.kind, x.device):
         raise ValueError(f"out is a {o.describe()}, x is a {x.describe()}")
     if o.dtype != x.dtype:
         raise TypeError(f"out has dtype {o.dtype}, x has {x.dtype}")
-    if o.shape != x.shape:
-        raise ValueError(f"out has shape {o.shape}, x has {x.shape}")
-    if o.address != x.address and x.nbytes and _overlaps(o, x):
-        raise ValueError("out partly overlaps x: pass the same array for in place, or a separate one")
     return o
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import kernels, settings, topology
-from .arrays import Array, check_out, inspect
+from .arrays import Array, check_out, check_shards, inspect
 from .engine import Call, Engine
 from .errors import HFRError, HFRTimeoutError
 from .ops import Op, OpLike, as_op, is_float
@@ -121,6 +121,21 @@ class Communicator:
         root = self._check_root(root)
         return self._submit("broadcast", x, None, Op.SUM, root, receives=self.rank != root)
 
+    def reduce_scatter(self, x: Any, out: Any, op: OpLike = "sum") -> Any:
+        """Reduce x (size * k elements) over all ranks; out (k elements) gets this rank's k of the result,
+        rank r the elements [r * k, (r + 1) * k). Returns out."""
+        return self._submit("reduce_scatter", x, out, op, root=0, receives=True, inline=True).wait()
+
+    def reduce_scatter_async(self, x: Any, out: Any, op: OpLike = "sum") -> Work:
+        return self._submit("reduce_scatter", x, out, op, root=0, receives=True)
+
+    def allgather(self, x: Any, out: Any) -> Any:
+        """Every rank's x (k elements) into out (size * k elements), in rank order. Returns out."""
+        return self._submit("allgather", x, out, Op.SUM, root=0, receives=True, inline=True).wait()
+
+    def allgather_async(self, x: Any, out: Any) -> Work:
+        return self._submit("allgather", x, out, Op.SUM, root=0, receives=True)
+
     # --- life ----------------------------------------------------------------------------------
     def close(self) -> None:
         """Finish the calls in flight and free everything (collective). Closing twice is harmless.
@@ -162,7 +177,10 @@ class Communicator:
         the engine may run on this thread)."""
         self._check_open()
         xa = inspect(x, "x", writable=receives and out is None)
-        oa = xa if out is None else check_out(xa, out)
+        if collective in ("reduce_scatter", "allgather"):
+            oa = check_shards(xa, out, collective, self.size, self.rank)
+        else:
+            oa = xa if out is None else check_out(xa, out)
         op = as_op(op)
         if op is Op.AVG and not is_float(xa.dtype):
             raise TypeError(f"op 'avg' needs a float dtype, x has {xa.dtype}")

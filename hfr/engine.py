@@ -55,7 +55,7 @@ DESCRIPTOR_WORDS = 8
 CLOSING = 48
 HEALTHY, BROKEN = 1, 2  # CLOSING's values
 DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")
-COLLECTIVES = ("allreduce", "reduce", "broadcast")
+COLLECTIVES = ("allreduce", "reduce", "broadcast", "reduce_scatter", "allgather")  # wire codes: append only
 SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
 SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are retired again
 
@@ -67,13 +67,18 @@ class Call:
     collective: str
     x: Array
     out: Array
-    op: Op  # SUM for broadcast, where it is unused
-    root: int  # 0 for allreduce, where it is unused
+    op: Op  # SUM for broadcast and allgather, where it is unused
+    root: int  # 0 where it is unused
     ready: Any  # CUDA event recorded on the caller's stream, or None
     work: Work
 
+    @property
+    def elements(self) -> int:
+        """The elements the chunks cut: the whole of an allgather's out, x's for the others."""
+        return self.out.size if self.collective == "allgather" else self.x.size
+
     def descriptor(self) -> list[int]:
-        op = -1 if self.collective == "broadcast" else op_code(self.op)
+        op = -1 if self.collective in ("broadcast", "allgather") else op_code(self.op)
         return [COLLECTIVES.index(self.collective), self.x.size, dtype_code(self.x.dtype), op, self.root]
 
 
@@ -198,20 +203,26 @@ class Engine:
         copies.begin(call.ready)
         itemsize = x.dtype.itemsize
         chunk_elems = self.chunk_bytes // itemsize
-        nchunks = -(-x.size // chunk_elems)
+        total = call.elements
+        nchunks = -(-total // chunk_elems)
         base = self._chunks_done
         align = SLICE_ALIGN_BYTES // itemsize
         root_node = layout.rank_nodes[root]
         is_root = layout.rank == root
-        # Who copies what where, for this collective.
-        into_result = call.collective == "broadcast"  # the root's data goes straight to the result slot
-        deposits = not into_result or is_root
-        if call.collective == "allreduce":
-            copies_out = True
-        elif call.collective == "reduce":
+        # Who copies what where, for this collective. x and out lie at x_at and out_at of the `total`
+        # elements the chunks cut: a reduce_scatter copies out only this rank's shard, an allgather
+        # copies in only this rank's shard.
+        x_at = layout.rank * x.size if call.collective == "allgather" else 0
+        out_at = layout.rank * out.size if call.collective == "reduce_scatter" else 0
+        # broadcast's root data and allgather's shards go straight to the result slot
+        into_result = call.collective in ("broadcast", "allgather")
+        deposits = call.collective != "broadcast" or is_root
+        if call.collective == "reduce":
             copies_out = is_root
-        else:
+        elif call.collective == "broadcast":
             copies_out = not (is_root and out.address == x.address)
+        else:
+            copies_out = True
         algo = self._algo_for(call) if layout.nnodes > 1 else None
         pending_in: dict[int, Any] = {}
 
@@ -225,7 +236,7 @@ class Engine:
         def bounds(c: int) -> tuple[int, int, int, int]:
             """Chunk c's first element and count, and this rank's slice [lo, hi) within it."""
             first = c * chunk_elems
-            count = min(chunk_elems, x.size - first)
+            count = min(chunk_elems, total - first)
             return (first, count, *slice_bounds(count, layout.local_size, layout.local_rank, align))
 
         def deposit(c: int) -> None:
@@ -236,8 +247,11 @@ class Engine:
             if own_slice_from_x:
                 copies.to_segment(dst[: lo * itemsize], x.flat, start)
                 pending_in[c] = copies.to_segment(dst[hi * itemsize : nbytes], x.flat, start + hi * itemsize)
-            else:
-                pending_in[c] = copies.to_segment(dst[:nbytes], x.flat, start)
+                return
+            a, b = max(first, x_at), min(first + count, x_at + x.size)  # x's part of the chunk
+            if a < b:
+                pending_in[c] = copies.to_segment(dst[(a - first) * itemsize : (b - first) * itemsize], x.flat,
+                                                  (a - x_at) * itemsize)
 
         if deposits and not into_result:
             for c in range(min(STAGES, nchunks)):
@@ -271,6 +285,15 @@ class Engine:
             if call.collective == "broadcast":
                 if layout.nnodes > 1:
                     internode.broadcast(self.rail_comm, result, first + lo, root_node, deadline=deadline)
+            elif call.collective == "allgather":
+                if layout.nnodes > 1:
+                    # An allreduce of bytes across nodes: the slice's owner zeroes what its node's ranks
+                    # did not write, and the rails sum the bytes as uint8 (b + 0 is b, bit for bit). It
+                    # moves twice what an allgather needs between nodes.
+                    for a, b in _gaps(first + lo, first + hi, [r * x.size for r in layout.node_ranks], x.size):
+                        result[a - first - lo : b - first - lo] = 0
+                    internode.allreduce(self.rail_comm, result.view(np.uint8), (first + lo) * itemsize, Op.SUM,
+                                        algo=algo, deadline=deadline, threads=self.threads)
             else:
                 inputs = [segment.slot(stage, j)[lo * itemsize : hi * itemsize].view(x.dtype)
                           for j in range(layout.local_size)]
@@ -281,7 +304,7 @@ class Engine:
                 kernel_op = Op.SUM if call.op is Op.AVG else call.op
                 if call.op is Op.AVG or not (straight_to_out and out.address == x.address):
                     self._reduce(result, inputs, call.op, self.threads, layout.size)
-                if layout.nnodes > 1 and call.collective == "allreduce":
+                if layout.nnodes > 1 and call.collective in ("allreduce", "reduce_scatter"):
                     internode.allreduce(self.rail_comm, result, first + lo, kernel_op, algo=algo,
                                         deadline=deadline, threads=self.threads)
                 elif layout.nnodes > 1:
@@ -290,8 +313,10 @@ class Engine:
             self._publish(REDUCED, g + 1)
             self._wait_all(REDUCED, g + 1, f"{where}: the node's ranks to finish their slices")
             token = None
-            if copies_out:
-                token = copies.from_segment(out.flat, first * itemsize, segment.result(stage)[: count * itemsize])
+            a, b = max(first, out_at), min(first + count, out_at + out.size)  # out's part of the chunk
+            if copies_out and a < b:
+                token = copies.from_segment(out.flat, (a - out_at) * itemsize,
+                                            segment.result(stage)[(a - first) * itemsize : (b - first) * itemsize])
             self._copies_out.append((g, token))
             self._retire_copies_out()
             if deposits and not into_result and c + STAGES < nchunks:
@@ -322,7 +347,7 @@ class Engine:
         """HFR_ALGO, or by the call's size (internode.choose_algo)."""
         if self.algo != "auto":
             return self.algo
-        return internode.choose_algo(call.x.nbytes, self.layout.nnodes)
+        return internode.choose_algo(call.elements * call.x.dtype.itemsize, self.layout.nnodes)
 
     # --- agreement before any data moves ------------------------------------------------------
     def _descriptor_column(self) -> int:
@@ -433,6 +458,18 @@ class Engine:
                     who = f" (still waiting for ranks {[layout.node_ranks[j] for j in laggards()]})"
                 raise HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "
                                       f"waited {self.timeout:g} s for {what}{who}")
+
+
+def _gaps(lo: int, hi: int, starts: list[int], length: int) -> list[tuple[int, int]]:
+    """The parts of [lo, hi) outside every [start, start + length)."""
+    gaps = []
+    for start in sorted(starts):
+        if lo >= hi:
+            break
+        if start > lo:
+            gaps.append((lo, min(start, hi)))
+        lo = max(lo, start + length)
+    return gaps + [(lo, hi)] if lo < hi else gaps
 
 
 def _as_hfr_error(error: BaseException, call: Call, layout: Layout) -> HFRError:

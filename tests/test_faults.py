@@ -40,6 +40,11 @@ BAD_INPUT = [
     (lambda c, x: c.reduce(x, root=1), ValueError, "root 1 is out of range"),
     (lambda c, x: c.reduce(x, root=-1), ValueError, "root -1 is out of range"),
     (lambda c, x: c.broadcast(x, root="0"), ValueError, "root '0' is out of range"),
+    (lambda c, x: c.reduce_scatter(x, np.empty(3, np.float32)), ValueError,
+     "reduce_scatter over 1 ranks needs x to hold 1 x out's elements: x has 10, out has 3"),
+    (lambda c, x: c.allgather(x, np.empty(10, np.float64)), TypeError, "out has dtype float64"),
+    (lambda c, x: c.allgather(x[:5], x[2:7]), ValueError, "out overlaps x other than at rank 0's shard"),
+    (lambda c, x: c.reduce_scatter(x, [0.0] * 10), TypeError, "numpy.ndarray or cupy.ndarray"),
 ]
 
 
@@ -120,13 +125,17 @@ def test_calls_after_mismatches_are_right_on_every_layout(nprocs, local_size):
     assert "rounds ok" in run_mpi(nprocs, "faults_worker.py", "rounds", "100", env=env, timeout=180).stdout
 
 
-@pytest.mark.parametrize("nprocs,local_size", [(3, None), (3, 1), (4, 2)], ids=["one-node", "one-rank-a-node", "2x2"])
-def test_a_peer_that_never_calls_times_out(nprocs, local_size, tmp_path):
+TIMEOUTS = [(3, None, "allreduce"), (3, 1, "allreduce"), (4, 2, "allreduce"), (4, 2, "reduce_scatter"),
+            (3, 1, "allgather")]
+
+
+@pytest.mark.parametrize("nprocs,local_size,collective", TIMEOUTS, ids=[f"{n}ranks-local{l}-{c}" for n, l, c in TIMEOUTS])
+def test_a_peer_that_never_calls_times_out(nprocs, local_size, collective, tmp_path):
     """The waiting ranks each leave a file once they have checked their error; how the launcher
     then ends the job (the last rank never calls) is its business, as long as it ends."""
     env = {"FAULT_TIMEOUT": "3", "FAULT_DIR": str(tmp_path),
            **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
-    result = run_mpi(nprocs, "faults_worker.py", "timeout", env=env, timeout=60, check=False)
+    result = run_mpi(nprocs, "faults_worker.py", "timeout", collective, env=env, timeout=60, check=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"rank{r}.ok" for r in range(nprocs - 1)], result.stdout
 
 

@@ -1,7 +1,8 @@
-"""Checks hfr's allreduce, reduce and broadcast on every rank of the job it runs in.
+"""Checks hfr's allreduce, reduce, broadcast, reduce_scatter and allgather on every rank of the job it runs in.
 
 argv[1]: a JSON object of settings: sizes, dtypes, ops, chunk_bytes (list, compared bitwise),
-local_size (or null), collectives. Each rank builds its input from (seed, rank), every rank gathers
+local_size (or null), collectives (reduce_scatter's x holds size x count elements, allgather's out
+too). Each rank builds its input from (seed, rank), every rank gathers
 every input and computes the expected result itself: bitwise for one node (slot order is rank order),
 within a float tolerance across nodes (tree order), exact for integers and for max/min.
 """
@@ -23,7 +24,7 @@ cfg = json.loads(sys.argv[1])
 dtypes = [d for d in DTYPES if d.name in cfg.get("dtypes", [d.name for d in DTYPES])]
 ops = [Op(o) for o in cfg.get("ops", [o.value for o in Op])]
 sizes = cfg.get("sizes", [0, 1, 7, 100003])
-collectives = cfg.get("collectives", ["allreduce", "reduce", "broadcast"])
+collectives = cfg.get("collectives", ["allreduce", "reduce", "broadcast", "reduce_scatter", "allgather"])
 comms = [hfr.Communicator(world, local_size=cfg.get("local_size"), chunk_bytes=c) for c in cfg.get("chunk_bytes", [None])]
 POISON = 0x5A
 
@@ -73,23 +74,35 @@ def same_on_every_rank(a, what):
 seed = 0
 for collective in collectives:
     for dtype in dtypes:
-        for op in ops if collective != "broadcast" else [Op.SUM]:
+        for op in ops if collective not in ("broadcast", "allgather") else [Op.SUM]:
             if op is Op.AVG and dtype.kind in "iu":
                 continue
             for count in sizes:
                 seed += 1
-                x = make_input(dtype, op, count, seed)
+                x = make_input(dtype, op, count * size if collective == "reduce_scatter" else count, seed)
                 inputs = world.allgather(x)
                 root = seed % size
-                want = expected(inputs, op, dtype) if collective != "broadcast" else inputs[root]
+                if collective == "broadcast":
+                    want = inputs[root]
+                elif collective == "allgather":
+                    want = np.concatenate(inputs)
+                else:
+                    want = expected(inputs, op, dtype)
+                shard = slice(rank * count, (rank + 1) * count)
+                if collective == "reduce_scatter":
+                    inputs, want = [i[shard] for i in inputs], want[shard]
                 results = []
                 for comm in comms:
                     what = f"{collective} {dtype} {op.value} n={count} root={root} chunk={comm.chunk_bytes} layout={comm}"
-                    receives = collective == "allreduce" or (collective == "reduce") == (rank == root)
+                    receives = collective != "reduce" or rank == root
                     # out of place: x untouched, out poisoned before
-                    out = np.full(x.nbytes, POISON, np.uint8).view(dtype).reshape(x.shape)
+                    out = np.full(want.nbytes, POISON, np.uint8).view(dtype).reshape(want.shape)
                     x_before = x.copy()
-                    if collective == "broadcast":
+                    if collective == "reduce_scatter":
+                        got = comm.reduce_scatter(x, out, op=op)
+                    elif collective == "allgather":
+                        got = comm.allgather(x, out)
+                    elif collective == "broadcast":
                         got = x.copy()
                         comm.broadcast(got, root=root)
                     elif collective == "reduce":
@@ -100,19 +113,24 @@ for collective in collectives:
                     if not receives:
                         assert np.all(out.view(np.uint8) == POISON), f"{what}: a non-root's out was written"
                         continue
-                    if comm.nnodes == 1 or collective == "broadcast":
+                    if comm.nnodes == 1 or collective in ("broadcast", "allgather"):
                         assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), f"{what}: not bitwise the slot-order result"
                     else:
                         check_close(got, want, inputs, op, dtype, what)
                     results.append(got)
-                # In place gives the same bits as out of place.
+                # In place gives the same bits as out of place (allgather: x at its shard of out).
                 if collective == "allreduce":
                     inplace = x.copy()
                     assert comms[-1].allreduce(inplace, op=op) is inplace
                     assert np.array_equal(inplace.view(np.uint8), results[-1].view(np.uint8)), f"{what}: in place differs"
+                if collective == "allgather":
+                    inplace = np.full(want.nbytes, POISON, np.uint8).view(dtype)
+                    inplace[shard] = x
+                    assert comms[-1].allgather(inplace[shard], inplace) is inplace
+                    assert np.array_equal(inplace.view(np.uint8), results[-1].view(np.uint8)), f"{what}: in place differs"
                 for r in results[1:]:
                     assert np.array_equal(r.view(np.uint8), results[0].view(np.uint8)), f"{what}: depends on chunk_bytes"
-                if collective == "allreduce":
+                if collective in ("allreduce", "allgather"):
                     same_on_every_rank(results[0], what)
 
 # Several async calls in flight complete in order, with their own results.
@@ -130,6 +148,22 @@ for w, x, ref in zip(works, xs, refs):
     assert w.done()
     if comm.nnodes == 1:
         assert np.array_equal(x, ref)
+# Every collective's async twin, all in flight at once, each with its own result.
+k = 3001
+x = make_input(np.dtype(np.float64), Op.SUM, k * size, 3000)
+inputs = world.allgather(x)
+total = np.sum(inputs, axis=0)
+outs = {name: np.full(n, np.nan) for name, n in [("rs", k), ("ag", k * size), ("red", k * size)]}
+bcast = x.copy()
+works = [comm.reduce_scatter_async(x, outs["rs"]), comm.allgather_async(x[:k], outs["ag"]),
+         comm.reduce_async(x, root=size - 1, out=outs["red"]), comm.broadcast_async(bcast, root=0)]
+results = [outs["rs"], outs["ag"], outs["red"] if rank == size - 1 else x, bcast]
+assert all(w.wait(timeout=120) is result for w, result in zip(works, results))
+np.testing.assert_allclose(outs["rs"], total[rank * k : (rank + 1) * k], rtol=1e-12)
+assert np.array_equal(outs["ag"], np.concatenate([i[:k] for i in inputs]))
+assert np.array_equal(bcast, inputs[0])
+if rank == size - 1:
+    np.testing.assert_allclose(outs["red"], total, rtol=1e-12)
 # avg of the half types at the edges of their range: no overflow where the mean fits. On one node it is
 # the float32 mean rounded once. Across nodes it is the sum of the nodes' partial means, each rounded
 # once, so it may overflow only within a few units in the last place of the type's largest value (the

@@ -75,6 +75,27 @@ for dtype in DTYPES:
             assert np.array_equal(cp.asnumpy(out).view(np.uint8), want.view(np.uint8))
             assert np.array_equal(cp.asnumpy(x).view(np.uint8), host.view(np.uint8)), "x modified"
 
+# reduce_scatter and allgather: the same bits as the NumPy path, out poisoned, x untouched, and an
+# allgather in place (x at its shard of out, as FSDP2 calls it).
+for dtype in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int64)):
+    for count in (0, 1, 7, 100003):
+        seed += 1
+        host = make_input(dtype, Op.SUM, count * size, seed)
+        want_rs = comm.reduce_scatter(host, np.empty(count, dtype))
+        want_ag = comm.allgather(host[:count], np.empty(count * size, dtype))
+        x = cp.asarray(host)
+        out = cp.full(count, 7, dtype)
+        assert comm.reduce_scatter(x, out) is out
+        assert np.array_equal(cp.asnumpy(out).view(np.uint8), want_rs.view(np.uint8)), f"reduce_scatter {dtype} {count}"
+        assert np.array_equal(cp.asnumpy(x).view(np.uint8), host.view(np.uint8)), "x modified"
+        out = cp.full(count * size, 7, dtype)
+        assert comm.allgather(x[:count], out) is out
+        assert np.array_equal(cp.asnumpy(out).view(np.uint8), want_ag.view(np.uint8)), f"allgather {dtype} {count}"
+        whole = cp.full(count * size, 7, dtype)
+        whole[rank * count : (rank + 1) * count] = x[:count]
+        comm.allgather_async(whole[rank * count : (rank + 1) * count], whole).wait(timeout=120)
+        assert np.array_equal(cp.asnumpy(whole).view(np.uint8), want_ag.view(np.uint8)), f"allgather in place {dtype}"
+
 # A write queued on the caller's stream right before allreduce_async, behind slow work, is included.
 for stream in (cp.cuda.Stream(non_blocking=True), cp.cuda.Stream.null):
     with stream:

@@ -1,10 +1,11 @@
 """Faults on purpose, one scenario per run (argv[1]); each rank checks the error it must get.
 
 mismatch  ranks call with different count, dtype, op, root or collective: MismatchError on every
-          rank, naming the field and the ranks; the next matched call works.
+          rank, naming the field and the ranks; the next matched call works. A reduce_scatter or
+          allgather whose sizes are not n x k raises ValueError on every rank, arrays untouched.
 rounds    argv[2] rounds of a mismatch (a whole node differing, or one rank) then a matched call that
           one rank joins late, every element checked: the call after a failure is where state bugs hide.
-timeout   the last rank never calls: the others get HFRTimeoutError within the timeout plus a few
+timeout   the last rank never calls argv[2] (allreduce by default): the others get HFRTimeoutError within the timeout plus a few
           seconds, and the communicator then refuses calls with HFRError; every rank exits.
 slow      the last rank calls late: Work.wait(timeout) raises a TimeoutError, the call then finishes.
 sigkill   the last rank kills itself in the middle of a large allreduce: the job must end.
@@ -45,6 +46,18 @@ if scenario == "mismatch":
     expect_mismatch(lambda: comm.reduce(np.ones(8, np.float32), root=1 if odd else 0), "root")
     expect_mismatch(lambda: comm.broadcast(np.ones(8, np.float32)) if odd else comm.allreduce(np.ones(8, np.float32)),
                     "collective")
+    ones, gathered = np.ones(8, np.float32), np.zeros(8 * size, np.float32)
+    expect_mismatch(lambda: comm.allgather(ones, gathered) if odd else comm.allreduce(ones.copy()), "collective")
+    expect_mismatch(lambda: comm.reduce_scatter(gathered[: (7 if odd else 8) * size], ones[: 7 if odd else 8]), "count")
+    before = gathered.copy()
+    for call in (lambda: comm.reduce_scatter(gathered[:-1], ones), lambda: comm.allgather(ones, gathered[:-1])):
+        try:
+            call()
+        except ValueError as error:
+            assert f"over {size} ranks needs" in str(error) and f"has {8 * size - 1}" in str(error), str(error)
+        else:
+            raise AssertionError("a size that is not n x k was taken")
+    assert np.array_equal(gathered, before) and np.array_equal(ones, np.ones(8, np.float32))
     y = comm.allreduce(x.copy())
     assert np.array_equal(y, np.arange(1000, dtype=np.float32) * size + sum(range(size)))
     comm.close()
@@ -85,10 +98,14 @@ elif scenario == "rounds":
     comm.close()
 elif scenario == "timeout":
     waiters = world.Split(color=int(rank != last), key=rank)  # to leave together, after every check
+    collective = sys.argv[2] if len(sys.argv) > 2 else "allreduce"
+    calls = {"allreduce": lambda: comm.allreduce(x),
+             "reduce_scatter": lambda: comm.reduce_scatter(np.ones(10 * size, np.float32), np.empty(10, np.float32)),
+             "allgather": lambda: comm.allgather(np.ones(10, np.float32), np.empty(10 * size, np.float32))}
     if rank != last:
         start = time.monotonic()
         try:
-            comm.allreduce(x)
+            calls[collective]()
         except hfr.HFRTimeoutError as error:
             waited = time.monotonic() - start
             assert waited < comm.timeout + 5, waited
