@@ -32,7 +32,8 @@ import hfr.torch
 from hfr import copies, engine, kernels
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from ddp_train import make_batch, make_model, no_communication_hook  # noqa: E402
+from ddp_train import no_communication_hook  # noqa: E402
+from models import make_batch, make_model  # noqa: E402
 
 
 # Seconds hfr's engine spent, by what on: summed over calls, read per step.
@@ -77,7 +78,7 @@ HOOKS = {"none": no_communication_hook, "hfr": hfr.torch.allreduce_hook, "hfr-sy
 def traced_steps(hook, steps: int, device: torch.device, hidden: int, batch: int):
     """Per step: (the bucket stamps [(bytes, called, returned, completed)], backward end, step end,
     the engine's seconds by key), times in seconds."""
-    model = make_model(hidden, torch.float32, device)
+    model = make_model("mlp", torch.float32, device, hidden=hidden)
     ddp = DistributedDataParallel(model)
     stamps: list = []
     clock = {"start": 0.0}
@@ -98,7 +99,7 @@ def traced_steps(hook, steps: int, device: torch.device, hidden: int, batch: int
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     steps_out = []
     for step in range(steps):
-        x, y = make_batch(step, dist.get_rank(), batch, torch.float32, device)
+        x, y = make_batch(model, step, dist.get_rank(), batch, torch.float32, device)
         stamps.clear()
         if device.type == "cuda":
             torch.cuda.synchronize(device)

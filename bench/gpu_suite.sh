@@ -4,7 +4,8 @@
 #   check      build in place, kernel/CuPy/torch tests (the CPU-only ones run in CI), kernel benchmark (~3 min)
 #   bench      allreduce on CuPy and NumPy arrays, n = 4 and 8 (~4 min)
 #   overlap    matrix products beside hfr's allreduce and beside plain copies (~1.5 min)
-#   torch      DDP step times (no communication, hfr's hook, gloo) and where a step's time goes (~3 min)
+#   torch      the transformer's step under DDP and FSDP2 with none/hfr/hfr-hook/gloo, fp32 and bf16 (~8 min)
+#   ddp-trace  where a DDP step's time goes with hfr's hook (~2 min)
 #   internode  the inter-node step alone and the allreduce on 4 and 8 emulated nodes (~5 min)
 #   dtypes     186 MiB on CuPy n=4: sum and avg of float32, float16 and bfloat16 (~2 min)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
@@ -58,12 +59,12 @@ overlap)
   done
   ;;
 torch)
-  log "DDP step times, 4 ranks sharing the GPU"
-  for comm in none hfr gloo; do
-    timeout 120 $MPIRUN -n 4 python3 -m mpi4py examples/ddp_train.py --comm $comm --device cuda --steps 40 \
-      --warmup 5 --hidden 4095 2>&1 | grep "^comm"
-  done | tee "$out/ddp.txt"
-  log "where a DDP step's time goes, 4 ranks sharing the GPU"
+  log "the transformer (~55 M parameters, AdamW) under DDP and FSDP2, 4 ranks sharing the GPU: each comm's share of the step"
+  timeout 560 python3 bench/step_shares.py --np 4 --device cuda --steps 20 --warmup 5 --timeout 150 \
+    --mpiexec "$MPIRUN" 2>&1 | tee "$out/step_shares.txt"
+  ;;
+ddp-trace)
+  log "where a DDP step's time goes with hfr's hook (the mlp), 4 ranks sharing the GPU"
   timeout 150 $MPIRUN -n 4 python3 -m mpi4py bench/ddp_trace.py --device cuda --hidden 4095 2>&1 \
     | tee "$out/ddp_trace.txt"
   ;;
@@ -92,7 +93,7 @@ dtypes)
   done | tee "$out/dtypes_n4.txt"
   ;;
 *)
-  echo "unknown stage $stage: check, bench, overlap, torch, internode or dtypes" >&2
+  echo "unknown stage $stage: check, bench, overlap, torch, ddp-trace, internode or dtypes" >&2
   exit 2
   ;;
 esac

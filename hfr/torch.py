@@ -1,29 +1,39 @@
-"""PyTorch: DDP communication hooks that reduce gradient buckets with hfr, and torch.distributed set up
-on the ranks of an MPI communicator. Needs torch (the `hfr[torch]` extra); `import hfr` does not import it.
+"""PyTorch: hfr as the torch.distributed backend "hfr" (registered on import), DDP communication hooks
+that reduce gradient buckets with hfr, and torch.distributed set up on the ranks of an MPI communicator.
+Needs torch (the `hfr[torch]` extra); `import hfr` does not import it.
 
     import hfr.torch
-    hfr.torch.init_process_group("gloo")           # DDP still needs a process group for its own setup
+    hfr.torch.init_process_group("hfr")            # dist.all_reduce, DDP, FSDP2 then communicate through hfr
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+or, keeping gloo or NCCL as the process group:
+
+    hfr.torch.init_process_group("gloo")
     model = torch.nn.parallel.DistributedDataParallel(model)
     model.register_comm_hook(None, hfr.torch.allreduce_hook)   # or an hfr.Communicator as the state
 
 Tensors themselves need nothing from this module: hfr.allreduce(tensor) works on CPU and CUDA tensors.
 """
 # No `from __future__ import annotations`: DDP compares the hooks' annotations with the real types.
+import atexit
 import queue
 import threading
-from typing import Optional
+from datetime import timedelta
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
+from torch._C._distributed_c10d import _create_work_from_future
 
 from . import default_communicator
+from .arrays import inspect
 from .comm import Communicator
 from .ops import Op
 from .rendezvous import store_address
 from .work import Work
 
-__all__ = ["allreduce_hook", "sum_allreduce_hook", "init_process_group"]
+__all__ = ["allreduce_hook", "sum_allreduce_hook", "init_process_group", "ProcessGroupHFR"]
 
 
 def allreduce_hook(state: Optional[Communicator], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -47,37 +57,239 @@ def _reduce_bucket(state: Optional[Communicator], bucket: dist.GradBucket, op: O
         raise TypeError(f"the hook's state must be an hfr.Communicator or None, got {type(state).__name__}")
     comm = default_communicator() if state is None else state
     buffer = bucket.buffer()
-    future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
-    _pending.put((comm.allreduce_async(buffer, op), future))
-    return future
+    return _future_of([comm.allreduce_async(buffer, op)], lambda: buffer, buffer.device)
 
 
-# The hooks' futures are completed by one thread of this module, in the order the hooks ran (the Works
-# of one Communicator finish in that order), never by hfr's progress thread: callbacks chained on a
-# future run where it is completed, and one that waited for hfr there would stall every call.
-_pending: queue.SimpleQueue[tuple[Work, torch.futures.Future]] = queue.SimpleQueue()
+# Futures are completed by one thread of this module, in the order their calls were made (the Works of
+# one Communicator finish in that order), never by hfr's progress thread: callbacks chained on a future
+# run where it is completed, and one that waited for hfr there would stall every call.
+_pending: queue.SimpleQueue[tuple[list[Work], Callable[[], Any], torch.futures.Future]] = queue.SimpleQueue()
 
 
 def _complete_futures() -> None:
     while True:
-        work, future = _pending.get()
+        works, result, future = _pending.get()
         try:
-            result = work.wait()
+            for work in works:
+                work.wait()
+            value = result()
         except BaseException as error:
             future.set_exception(error)
         else:
-            future.set_result(result)
+            future.set_result(value)
 
 
 threading.Thread(target=_complete_futures, name="hfr-torch-futures", daemon=True).start()
 
 
+def _future_of(works: list[Work], result: Callable[[], Any], device: torch.device) -> torch.futures.Future:
+    """A future that gets result() once every one of works has finished (on this module's thread,
+    which runs result() too: CUDA work it queues is on that thread's current stream, which the future
+    records)."""
+    future = torch.futures.Future(devices=[device] if device.type == "cuda" else None)
+    _pending.put((works, result, future))
+    return future
+
+
+# ------------------------------------------------------------------------------------- the backend
+# torch's reduce ops that hfr does; the others (BAND, BOR, BXOR, PREMUL_SUM) go to the gloo group.
+_OPS = [(dist.ReduceOp.SUM, Op.SUM), (dist.ReduceOp.AVG, Op.AVG), (dist.ReduceOp.MAX, Op.MAX),
+        (dist.ReduceOp.MIN, Op.MIN), (dist.ReduceOp.PRODUCT, Op.PROD)]
+# What hfr does not do goes to gloo, under torch's own method names (those this torch has).
+_TO_GLOO = ("alltoall", "alltoall_base", "all_to_all_single", "send", "recv", "recv_anysource", "gather", "scatter",
+            "allgather_coalesced", "monitored_barrier")
+_world: MPI.Intracomm = MPI.COMM_WORLD  # the MPI ranks that are torch's global ranks (init_process_group's comm)
+
+
+def _hfr_op(op: Any) -> Optional[Op]:
+    for theirs, ours in _OPS:
+        if op == theirs:
+            return ours
+    return None
+
+
+class ProcessGroupHFR(dist.ProcessGroup):
+    """torch.distributed's backend "hfr": all_reduce (SUM, AVG, MAX, MIN, PRODUCT), broadcast, reduce,
+    all_gather and reduce_scatter (list and flat forms, also coalesced) and barrier through an
+    hfr.Communicator over the group's MPI ranks; everything else through a gloo group of the same ranks.
+
+    Every call returns at once with a Work that completes once the data is in place (wait() blocks the
+    host until then; get_future() gives the tensors, as gloo's Works do). Tensors must be contiguous,
+    of a dtype hfr reduces, on the CPU or on one CUDA device: others raise TypeError/ValueError on the
+    calling rank, before anything is modified."""
+
+    def __init__(self, comm: MPI.Intracomm, store: dist.Store, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        if comm.rank != rank or comm.size != size:
+            raise ValueError(f"torch rank {rank} of {size} is MPI rank {comm.rank} of {comm.size}: set torch.distributed "
+                             f"up with hfr.torch.init_process_group, whose ranks are MPI's")
+        self.hfr = Communicator(comm)
+        atexit.register(self.hfr.close)
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("hfr-gloo", store), rank, size, timeout)
+        self.gloo = dist.ProcessGroup(store, rank, size)
+        self.gloo._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        # This group holds the gloo backend too: torch keeps a group's name in its backends (DeviceMesh,
+        # FSDP2 need it), and torch's C++ ops (functional collectives, DTensor's redistribution) reach
+        # a group's backend directly, not these methods: they run on gloo.
+        for group in (self.gloo, self):
+            for device in ("cpu", "cuda"):
+                group._register_backend(torch.device(device), dist.ProcessGroup.BackendType.GLOO, gloo)
+
+    def getBackendName(self) -> str:
+        return "hfr"
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroupHFR rank {self.rank()}/{self.size()}>"
+
+    # --- what hfr does ---------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        op = _hfr_op(self._op(opts))
+        if op is None:
+            return self.gloo.allreduce(tensors, opts)
+        self._check(tensors)
+        return self._work([self.hfr.allreduce_async(t, op) for t in tensors], lambda: tensors, tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        root = self._root(opts)
+        self._check(tensors)
+        return self._work([self.hfr.broadcast_async(t, root) for t in tensors], lambda: tensors, tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        op = _hfr_op(self._op(opts))
+        if op is None:
+            return self.gloo.reduce(tensors, opts)
+        root = self._root(opts)
+        self._check(tensors)
+        return self._work([self.hfr.reduce_async(t, root, op) for t in tensors], lambda: tensors, tensors)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        self._check([output, input])
+        return self._work([self.hfr.allgather_async(input, output)], lambda: [output], [output])
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        op = _hfr_op(self._op(opts))
+        if op is None:
+            return self.gloo._reduce_scatter_base(output, input, opts)
+        self._check([output, input])
+        return self._work([self.hfr.reduce_scatter_async(input, output, op)], lambda: [output], [output])
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> dist.Work:
+        self._check([*outputs, *inputs])
+        return self._work([self.hfr.allgather_async(i, o) for o, i in zip(outputs, inputs)], lambda: outputs, outputs)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        op = _hfr_op(self._op(opts))
+        if op is None:
+            raise ValueError(f"hfr's backend does not do coalesced reduce_scatter with {self._op(opts)}")
+        self._check([*outputs, *inputs])
+        works = [self.hfr.reduce_scatter_async(i, o, op) for o, i in zip(outputs, inputs)]
+        return self._work(works, lambda: outputs, outputs)
+
+    # torch 2.11 names the flat and coalesced forms so (2.13 keeps them, deprecated)
+    _allgather_base = all_gather_single
+    _reduce_scatter_base = reduce_scatter_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        """Each input gathered through one flat buffer, copied out into its list once gathered."""
+        self._check([t for ts in outputs for t in ts] + inputs)
+        self._check_lists(outputs, inputs, "output")
+        flats = [torch.empty((self.size(), *i.shape), dtype=i.dtype, device=i.device) for i in inputs]
+        works = [self.hfr.allgather_async(i, f) for f, i in zip(flats, inputs)]
+
+        def scatter_out() -> list[list[torch.Tensor]]:
+            for ts, flat in zip(outputs, flats):
+                for t, part in zip(ts, flat):
+                    t.copy_(part)
+            return outputs
+
+        return self._work(works, scatter_out, inputs)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> dist.Work:
+        """Each list of inputs reduced through one flat buffer, made on the calling thread."""
+        op = _hfr_op(self._op(opts))
+        if op is None:
+            return self.gloo.reduce_scatter(outputs, inputs, opts)
+        self._check(outputs + [t for ts in inputs for t in ts])
+        self._check_lists(inputs, outputs, "input")
+        flats = [torch.cat([t.reshape(-1) for t in ts]) for ts in inputs]
+        works = [self.hfr.reduce_scatter_async(f, o, op) for f, o in zip(flats, outputs)]
+        return self._work(works, lambda: outputs, outputs)
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        token = torch.zeros(1, dtype=torch.int32)
+        return self._work([self.hfr.allreduce_async(token)], lambda: [token], [token])
+
+    # --- helpers -----------------------------------------------------------------------------------
+    @staticmethod
+    def _op(opts: Any) -> Any:
+        return dist.ReduceOp.SUM if opts is None else opts.reduceOp
+
+    def _root(self, opts: Any) -> int:
+        return 0 if opts is None else opts.rootRank
+
+    @staticmethod
+    def _check(tensors: list[torch.Tensor]) -> None:
+        """Every tensor of a call, checked before any of them goes to hfr (which checks each again)."""
+        for t in tensors:
+            inspect(t, "tensor", writable=False)
+
+    def _check_lists(self, lists: list[list[torch.Tensor]], singles: list[torch.Tensor], name: str) -> None:
+        for ts, single in zip(lists, singles):
+            if len(ts) != self.size() or any(t.shape != single.shape or t.dtype != single.dtype for t in ts):
+                raise ValueError(f"each {name} list must hold {self.size()} tensors of shape {tuple(single.shape)} and "
+                                 f"dtype {single.dtype}, got {[(tuple(t.shape), t.dtype) for t in ts]}")
+
+    @staticmethod
+    def _work(works: list[Work], result: Callable[[], Any], tensors: list[torch.Tensor]) -> dist.Work:
+        device = tensors[0].device if tensors else torch.device("cpu")
+        return _create_work_from_future(_future_of(works, result, device))
+
+
+def _to_gloo(name: str) -> Callable:
+    def method(self: ProcessGroupHFR, *args: Any, **kwargs: Any) -> dist.Work:
+        return getattr(self.gloo, name)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"{name} through the backend's gloo group (hfr does not do it)."
+    return method
+
+
+for _name in _TO_GLOO:
+    if hasattr(dist.ProcessGroup, _name):
+        setattr(ProcessGroupHFR, _name, _to_gloo(_name))
+
+
+def _create(options: Any, _pg_options: Any) -> ProcessGroupHFR:
+    """torch's backend creator (extended API): the group's MPI communicator is the ranks of _world
+    that torch lists for it."""
+    ranks = list(options.global_ranks_in_group)
+    if ranks == list(range(_world.size)) or not ranks:
+        comm = _world
+    else:
+        group = _world.Get_group().Incl(ranks)
+        comm = _world.Create_group(group)
+        group.Free()
+    return ProcessGroupHFR(comm, options.store, options.group_rank, options.group_size, options.timeout)
+
+
+dist.Backend.register_backend("hfr", _create, extended_api=True, devices=["cpu", "cuda"])
+
+
 def init_process_group(backend: str = "gloo", comm: Optional[MPI.Intracomm] = None, **kwargs) -> None:
     """torch.distributed.init_process_group on the ranks of comm (default MPI.COMM_WORLD), torch rank =
     MPI rank, no MASTER_ADDR needed: the store is on rank 0 at an address every rank reaches
-    (hfr.rendezvous, which also points gloo at that network). kwargs go to
-    torch.distributed.init_process_group."""
+    (hfr.rendezvous, which also points gloo at that network). backend "hfr" is hfr's (ProcessGroupHFR);
+    kwargs go to torch.distributed.init_process_group."""
+    global _world
     comm = MPI.COMM_WORLD if comm is None else comm
+    _world = comm
     host, port = store_address(comm)
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size,
                             **kwargs)

@@ -31,6 +31,30 @@ def test_ddp_hooks_match_gloo(device):
     assert "torch ddp ok" in run_mpi(2, "torch_worker.py", "ddp", device, timeout=120).stdout
 
 
+LAYOUTS = [pytest.param(1, None, id="1rank"), pytest.param(2, None, id="2ranks"), pytest.param(3, None, id="3ranks"),
+           pytest.param(4, "2", id="2nodes-x-2ranks")]
+
+
+@pytest.mark.parametrize("nprocs, local_size", LAYOUTS)
+def test_backend_collectives_match_gloo(nprocs, local_size):
+    """The backend "hfr": every collective torch routes to it gives a gloo group's results, async Works,
+    what hfr does not do reaches gloo, bad tensors refused untouched."""
+    env = {"HFR_LOCAL_SIZE": local_size} if local_size else None
+    assert "torch backend ok" in run_mpi(nprocs, "torch_worker.py", "backend", "cpu", env=env, timeout=240).stdout
+
+
+@pytest.mark.parametrize("device", DEVICES[1:])  # the CPU case runs on every layout above
+def test_backend_with_cuda_tensors(device):
+    assert "torch backend ok" in run_mpi(2, "torch_worker.py", "backend", device, timeout=240).stdout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ddp_without_hook_and_fsdp2_train_as_on_gloo(device):
+    """DDP with no hook and FSDP2 (fully_shard) on the backend "hfr": the parameters of the same training
+    on a gloo group, within 1e-5 (fp32)."""
+    assert "torch training ok" in run_mpi(2, "torch_worker.py", "training", device, timeout=300).stdout
+
+
 def test_example_runs():
     out = run_mpi(2, str(REPO / "examples" / "ddp_train.py"), "--comm", "hfr", "--steps", "3", timeout=120).stdout
     assert "mean step" in out and "step    2" in out

@@ -5,9 +5,14 @@
     torch_worker.py ddp DEVICE      DDP with hfr's hooks against DDP's own gloo allreduce: same parameters
                                     after a few steps, bitwise the same on every rank; fp32, bf16 and fp16
                                     models, small buckets of odd sizes, gradient_as_bucket_view
+    torch_worker.py backend DEVICE  the backend "hfr": torch's collectives give a gloo group's results, async
+                                    Works, what hfr does not do reaches gloo, bad tensors refused untouched
+    torch_worker.py training DEVICE the backend "hfr": DDP without a hook and FSDP2 give the parameters of
+                                    the same training on a gloo group (fp32, within 1e-5)
 
 Prints "torch <mode> ok" on rank 0; any failure raises, and mpi4py's runner aborts the job.
 """
+import collections
 import sys
 from pathlib import Path
 
@@ -21,7 +26,9 @@ import hfr
 import hfr.torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import fsdp_train  # noqa: E402
 from ddp_train import train  # noqa: E402
+from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -106,7 +113,7 @@ def check_ddp(device: torch.device) -> None:
     for dtype, cap, view, rtol, atol in configs:
         what = f"{dtype}, bucket_cap_mb {cap}, gradient_as_bucket_view {view}"
         kwargs = dict(steps=4, device=device, dtype=dtype, bucket_cap_mb=cap, gradient_as_bucket_view=view)
-        ours, theirs = train("hfr", **kwargs), train("gloo", **kwargs)
+        ours, theirs = train("hfr-hook", **kwargs), train("gloo", **kwargs)
         assert same_on_every_rank(ours.model), f"{what}: ranks' parameters differ"
         for p, q in zip(ours.model.parameters(), theirs.model.parameters()):
             torch.testing.assert_close(p, q, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
@@ -133,12 +140,124 @@ def check_hook_variants(device: torch.device, comm: hfr.Communicator) -> None:
         torch.testing.assert_close(total, avg * size)
 
 
+def check_backend(device: torch.device) -> None:
+    hfr.torch.init_process_group("hfr")
+    assert dist.get_backend() == "hfr", dist.get_backend()
+    gloo = dist.new_group(backend="gloo")
+
+    def both(call, *tensors, compared_on=None):
+        """call(tensors, group) through hfr and through gloo, on copies: the same results, bit for bit
+        (the values are small integers: every order of summing gives the same floats), on every rank or
+        only on rank compared_on (a reduce's root: torch leaves the other ranks' tensors undefined)."""
+        ours, theirs = [t.clone() for t in tensors], [t.clone() for t in tensors]
+        call(ours, None)
+        call(theirs, gloo)
+        if compared_on is not None and rank != compared_on:
+            return ours
+        for a, b in zip(ours, theirs):
+            assert torch.equal(a, b), f"{call}: {a} differs from gloo's {b}"
+        return ours
+
+    for dtype in (torch.float32, torch.int32, torch.bfloat16):
+        for k in (0, 1, 7, 1001):
+            x = ((torch.arange(k * size) * (rank + 3)) % 11 - 5).to(dtype).to(device)
+            shard = x[:k].clone()
+            ops = [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT]
+            for op in ops:
+                both(lambda t, g: dist.all_reduce(t[0], op=op, group=g), x)
+                both(lambda t, g: dist.reduce(t[0], dst=size - 1, op=op, group=g), x, compared_on=size - 1)
+                both(lambda t, g: dist.reduce_scatter_tensor(t[0], t[1], op=op, group=g), shard, x)
+                both(lambda t, g: dist.reduce_scatter(t[0], list(t[1:]), op=op, group=g), shard, *x.chunk(size) if k else [shard] * size)
+            both(lambda t, g: dist.broadcast(t[0], src=size - 1, group=g), x)
+            both(lambda t, g: dist.all_gather_into_tensor(t[0], t[1], group=g), x, shard)
+            both(lambda t, g: dist.all_gather(list(t[1:]), t[0], group=g), shard, *[torch.empty_like(shard)] * size)
+            if dtype.is_floating_point:  # gloo has no AVG: the sum over size
+                mean = x.clone()
+                dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+                total = x.clone()
+                dist.all_reduce(total, group=gloo)
+                torch.testing.assert_close(mean, (total.double() / size).to(dtype), rtol=0, atol=0)
+    # async Works: wait() and get_future() as torch's
+    t = torch.full((5,), float(rank + 1), device=device)
+    work = dist.all_reduce(t, async_op=True)
+    assert work.get_future().wait()[0] is not None and work.wait()
+    assert torch.equal(t, torch.full_like(t, size * (size + 1) / 2))
+    out = torch.empty(3 * size, device=device)
+    dist.all_gather_into_tensor(out, torch.full((3,), float(rank), device=device), async_op=True).wait()
+    assert torch.equal(out, torch.arange(size, device=device).float().repeat_interleave(3))
+    dist.barrier()
+    # What hfr does not do goes to gloo: all_to_all, send/recv, gather, a bitwise op.
+    if device.type == "cpu":
+        a = torch.arange(size, dtype=torch.float32) + 10 * rank
+        b = torch.empty(size)
+        dist.all_to_all_single(b, a)
+        assert torch.equal(b, torch.arange(size) * 10.0 + rank)
+        flags = torch.tensor([1 << rank], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.BOR)
+        assert flags.item() == (1 << size) - 1
+        if size > 1:
+            if rank == 0:
+                dist.send(torch.tensor([42.0]), dst=1)
+            elif rank == 1:
+                got = torch.zeros(1)
+                dist.recv(got, src=0)
+                assert got.item() == 42.0
+    # Bad tensors: clear errors on the calling rank, nothing modified.
+    for bad, error, words in [(torch.ones(4, 6, device=device).t(), ValueError, "not contiguous"),
+                              (torch.ones(5, dtype=torch.bool, device=device), TypeError, "unsupported dtype"),
+                              (torch.ones(5, device="meta"), TypeError, "dense CPU or CUDA tensor")]:
+        try:
+            dist.all_reduce(bad)
+        except error as e:
+            assert words in str(e), e
+        else:
+            raise AssertionError(f"{bad.dtype} on {bad.device}: no {error.__name__}")
+    try:
+        dist.all_gather_into_tensor(torch.empty(3 * size + 1, device=device), torch.ones(3, device=device))
+    except ValueError as e:
+        assert f"over {size} ranks needs out" in str(e), e
+    else:
+        raise AssertionError("an all_gather of the wrong size was taken")
+    dist.destroy_process_group()
+
+
+def count_hfr_calls(group: dist.ProcessGroup) -> collections.Counter:
+    """Counts the calls the backend group makes on its hfr.Communicator, by method."""
+    calls = collections.Counter()
+    for name in ("allreduce_async", "allgather_async", "reduce_scatter_async", "broadcast_async"):
+        def counted(*args, _method=getattr(group.hfr, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _method(*args, **kwargs)
+        setattr(group.hfr, name, counted)
+    return calls
+
+
+def check_training(device: torch.device) -> None:
+    hfr.torch.init_process_group("hfr")
+    calls = count_hfr_calls(dist.distributed_c10d._get_default_group())
+    gloo = dist.new_group(backend="gloo")
+    kwargs = dict(steps=3, device=device, dtype=torch.float32, bucket_cap_mb=0.01)
+    ours, theirs = train("hfr", **kwargs), train("gloo", group=gloo, **kwargs)
+    for p, q in zip(ours.model.parameters(), theirs.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5)
+    assert calls["allreduce_async"] >= 3, f"DDP did not reduce its buckets through hfr: {calls}"  # one a step at least
+    calls.clear()
+    sizes = dict(vocab=64, width=32, layers=2, heads=2, context=16)
+    ours = fsdp_train.train("hfr", 3, device, batch=4, **sizes)[0]
+    theirs = fsdp_train.train("gloo", 3, device, batch=4, mesh=DeviceMesh.from_group(gloo, device.type), **sizes)[0]
+    for p, q in zip(ours.parameters(), theirs.parameters()):
+        torch.testing.assert_close(p.full_tensor(), q.full_tensor(), rtol=1e-5, atol=1e-5)
+    # 3 FSDP groups (2 layers and the root): gathered for forward and backward, reduce-scattered once a step
+    assert calls["allgather_async"] >= 3 * 3 and calls["reduce_scatter_async"] >= 3 * 3, f"FSDP2 missed hfr: {calls}"
+    dist.destroy_process_group()
+
+
 def main() -> None:
     mode, device = sys.argv[1], torch.device(sys.argv[2])
     if device.type == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    {"tensors": check_tensors, "ddp": check_ddp}[mode](device)
+    {"tensors": check_tensors, "ddp": check_ddp, "backend": check_backend, "training": check_training}[mode](device)
     world.Barrier()
     if rank == 0:
         print(f"torch {mode} ok")

@@ -1,0 +1,91 @@
+"""What communication costs in a training step: examples/ddp_train.py and examples/fsdp_train.py on the
+transformer, each with every --comm, and each communication's share of the step (its mean step time
+minus that of `none`, which trains the same model without communicating).
+
+    python bench/step_shares.py --np 4 --device cuda --mpiexec "mpirun --oversubscribe --bind-to none"
+    python bench/step_shares.py --np 2 --device cpu --steps 4 --warmup 1 --examples fsdp   # on a CPU
+
+Prints one row a run (example, dtype, comm, mean step, share) and the ratios issues 12 and 14 set
+targets on: hfr's share with bf16 parameters over its share with fp32 ones, DDP through the backend
+over DDP with hfr's hook, and FSDP's step on gloo over its step on hfr.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RUNS = {"ddp": ["none", "hfr", "hfr-hook", "gloo"], "fsdp": ["none", "hfr", "gloo"]}
+STEP = re.compile(r"mean step ([0-9.]+) ms")
+
+
+def mean_step_ms(args: argparse.Namespace, example: str, comm: str, dtype: str) -> float | None:
+    """The example's mean step time on args.np ranks, or None when it fails or cannot run here (said)."""
+    script = REPO / "examples" / f"{example}_train.py"
+    command = [*shlex.split(args.mpiexec), "-n", str(args.np), sys.executable, "-m", "mpi4py", str(script),
+               "--comm", comm, "--device", args.device, "--dtype", dtype, "--steps", str(args.steps),
+               "--warmup", str(args.warmup)]
+    if example == "ddp":
+        command += ["--model", "transformer"]
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env)
+    except subprocess.TimeoutExpired:
+        print(f"# {example} {dtype} {comm}: over {args.timeout} s", flush=True)
+        return None
+    found = STEP.search(done.stdout)
+    if done.returncode != 0 or found is None:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        print(f"# {example} {dtype} {comm}: exit {done.returncode}: {' | '.join(tail)}", flush=True)
+        return None
+    return float(found.group(1))
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a is not None and b else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--np", type=int, default=4, help="ranks (default 4)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--dtypes", default="fp32,bf16", help="parameter dtypes (default fp32,bf16)")
+    parser.add_argument("--examples", default="ddp,fsdp", help="ddp, fsdp or both (default)")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--mpiexec", default="mpiexec", help="the launcher and its options (default mpiexec)")
+    parser.add_argument("--timeout", type=float, default=240, help="seconds a run (default 240)")
+    args = parser.parse_args()
+
+    print(f"# step_shares: {args.np} ranks, device {args.device}, {args.steps} steps ({args.warmup} warm-up)")
+    print(f"{'example':>7} {'dtype':>5} {'comm':>9} {'step ms':>9} {'share ms':>9} {'share/step':>10}")
+    steps: dict[tuple[str, str, str], float | None] = {}
+    for example in args.examples.split(","):
+        for dtype in args.dtypes.split(","):
+            for comm in RUNS[example]:
+                step = steps[example, dtype, comm] = mean_step_ms(args, example, comm, dtype)
+                alone = steps[example, dtype, "none"]
+                share = step - alone if step is not None and alone is not None and comm != "none" else None
+                print(f"{example:>7} {dtype:>5} {comm:>9} {step if step is not None else '-':>9} "
+                      f"{f'{share:.1f}' if share is not None else '-':>9} {ratio(share, step):>10}", flush=True)
+
+    def share(example: str, dtype: str, comm: str) -> float | None:
+        step, alone = steps.get((example, dtype, comm)), steps.get((example, dtype, "none"))
+        return step - alone if step is not None and alone is not None else None
+
+    print(f"# ddp: hfr's share bf16 / fp32 {ratio(share('ddp', 'bf16', 'hfr'), share('ddp', 'fp32', 'hfr'))} "
+          f"(issue 12: <= 0.6); hook's {ratio(share('ddp', 'bf16', 'hfr-hook'), share('ddp', 'fp32', 'hfr-hook'))}")
+    for dtype in args.dtypes.split(","):
+        print(f"# {dtype}: ddp step on the backend / with the hook "
+              f"{ratio(steps.get(('ddp', dtype, 'hfr')), steps.get(('ddp', dtype, 'hfr-hook')))} (issue 14: <= 1.05); "
+              f"fsdp step gloo / hfr {ratio(steps.get(('fsdp', dtype, 'gloo')), steps.get(('fsdp', dtype, 'hfr')))} "
+              f"(issue 14: >= 1.5)")
+
+
+if __name__ == "__main__":
+    main()
