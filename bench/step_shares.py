@@ -15,11 +15,15 @@ import argparse
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.mpirun import mpiexec  # noqa: E402
 RUNS = {"ddp": ["none", "hfr", "hfr-hook", "gloo"], "fsdp": ["none", "hfr", "gloo"]}
 STEP = re.compile(r"mean step ([0-9.]+) ms")
 
@@ -27,21 +31,26 @@ STEP = re.compile(r"mean step ([0-9.]+) ms")
 def mean_step_ms(args: argparse.Namespace, example: str, comm: str, dtype: str) -> float | None:
     """The example's mean step time on args.np ranks, or None when it fails or cannot run here (said)."""
     script = REPO / "examples" / f"{example}_train.py"
-    command = [*shlex.split(args.mpiexec), "-n", str(args.np), sys.executable, "-m", "mpi4py", str(script),
+    launcher = shlex.split(args.mpiexec) if args.mpiexec else mpiexec()
+    command = [*launcher, "-n", str(args.np), sys.executable, "-m", "mpi4py", str(script),
                "--comm", comm, "--device", args.device, "--dtype", dtype, "--steps", str(args.steps),
                "--warmup", str(args.warmup)]
     if example == "ddp":
         command += ["--model", "transformer"]
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env)
+        out, _ = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank
+        proc.communicate()
         print(f"# {example} {dtype} {comm}: over {args.timeout} s", flush=True)
         return None
-    found = STEP.search(done.stdout)
-    if done.returncode != 0 or found is None:
-        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-        print(f"# {example} {dtype} {comm}: exit {done.returncode}: {' | '.join(tail)}", flush=True)
+    found = STEP.search(out)
+    if proc.returncode != 0 or found is None:
+        tail = [line for line in out.strip().splitlines() if "Warning" not in line][-3:]
+        print(f"# {example} {dtype} {comm}: exit {proc.returncode}: {' | '.join(tail)}", flush=True)
         return None
     return float(found.group(1))
 
@@ -58,7 +67,7 @@ def main() -> None:
     parser.add_argument("--examples", default="ddp,fsdp", help="ddp, fsdp or both (default)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--mpiexec", default="mpiexec", help="the launcher and its options (default mpiexec)")
+    parser.add_argument("--mpiexec", help="the launcher and its options (default: tests/mpirun.py's, the venv's MPICH)")
     parser.add_argument("--timeout", type=float, default=240, help="seconds a run (default 240)")
     args = parser.parse_args()
 
@@ -71,7 +80,7 @@ def main() -> None:
                 step = steps[example, dtype, comm] = mean_step_ms(args, example, comm, dtype)
                 alone = steps[example, dtype, "none"]
                 share = step - alone if step is not None and alone is not None and comm != "none" else None
-                print(f"{example:>7} {dtype:>5} {comm:>9} {step if step is not None else '-':>9} "
+                print(f"{example:>7} {dtype:>5} {comm:>9} {f'{step:.1f}' if step is not None else '-':>9} "
                       f"{f'{share:.1f}' if share is not None else '-':>9} {ratio(share, step):>10}", flush=True)
 
     def share(example: str, dtype: str, comm: str) -> float | None:
