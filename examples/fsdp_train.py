@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ddp_train import DTYPES, arguments, report, setup
@@ -29,6 +29,8 @@ def train(comm: str, steps: int, device: torch.device, *, batch: int = 8, dtype:
     dtype (FSDP2's mixed precision), gradients reduced in float32."""
     model = make_model("transformer", torch.float32, device, **sizes)
     if comm != "none":
+        # on device's type: FSDP2's own default is CUDA wherever there is a GPU, even for a CPU model
+        mesh = mesh or init_device_mesh(device.type, (dist.get_world_size(),))
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for layer in model.layers:
             fully_shard(layer, mesh=mesh, mp_policy=policy)
