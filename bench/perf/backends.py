@@ -92,6 +92,12 @@ class HfrBackend:
     def broadcast(self, send: Any, recv: Any, op: str, root: int) -> None:
         self._rooted(self.comm.broadcast, send, recv, root)
 
+    def reduce_scatter(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self.comm.reduce_scatter(send, recv, op=op)
+
+    def allgather(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self.comm.allgather(send, recv)
+
     @staticmethod
     def _rooted(method: Callable, send: Any, recv: Any, root: int, **kwargs: Any) -> None:
         if send is recv:
@@ -135,6 +141,13 @@ class MpiBackend:
         if self.comm.rank == root and send is not recv:
             np.copyto(recv, send)
         self.comm.Bcast([recv.view(np.uint8), MPI.BYTE], root=root)
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str, root: int) -> None:
+        self.comm.Reduce_scatter_block(send, recv, op=self._OPS[op])
+        _finish_avg(recv, op, self.comm.size)
+
+    def allgather(self, send: np.ndarray, recv: np.ndarray, op: str, root: int) -> None:
+        self.comm.Allgather(send, recv)
 
     def close(self) -> None:
         pass

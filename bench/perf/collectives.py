@@ -73,6 +73,34 @@ def _broadcast_expected(input_of: InputOf, nranks: int, rank: int, root: int, op
     return input_of(root)
 
 
+def _reduce_scatter_expected(input_of: InputOf, nranks: int, rank: int, root: int, op: str, dtype: np.dtype):
+    """This rank's k of the reduction of n*k-element inputs: elements [rank*k, (rank+1)*k)."""
+    full = _reduced(input_of, nranks, op, dtype)
+    k = full.size // nranks
+    return full[rank * k:(rank + 1) * k]
+
+
+def _allgather_expected(input_of: InputOf, nranks: int, rank: int, root: int, op: str, dtype: np.dtype):
+    """Every rank's k-element input, in rank order."""
+    return np.concatenate([input_of(r) for r in range(nranks)])
+
+
+def _same_counts(count: int, nranks: int) -> tuple[int, int]:
+    return count, count
+
+
+def _scatter_counts(count: int, nranks: int) -> tuple[int, int]:
+    """reduce_scatter: count is the larger (send) buffer's, rounded down to a multiple of n (nccl-tests)."""
+    k = count // nranks
+    return nranks * k, k
+
+
+def _gather_counts(count: int, nranks: int) -> tuple[int, int]:
+    """allgather: count is the larger (recv) buffer's, rounded down to a multiple of n (nccl-tests)."""
+    k = count // nranks
+    return k, nranks * k
+
+
 @dataclass(frozen=True)
 class Collective:
     """What the harness needs to know of a collective (nccl-tests' struct testColl).
@@ -86,6 +114,8 @@ class Collective:
     uses_root: bool
     bus_factor: Callable[[int], float]
     expected: Callable[..., Optional[np.ndarray]]
+    # (send count, recv count) from the sweep's count (the larger buffer's elements) and n.
+    counts: Callable[[int, int], tuple[int, int]] = _same_counts
 
 
 COLLECTIVES: dict[str, Collective] = {
@@ -94,6 +124,8 @@ COLLECTIVES: dict[str, Collective] = {
         Collective("allreduce", True, False, lambda n: 2 * (n - 1) / n, _allreduce_expected),
         Collective("reduce", True, True, lambda n: 1.0, _reduce_expected),
         Collective("broadcast", False, True, lambda n: 1.0, _broadcast_expected),
+        Collective("reduce_scatter", True, False, lambda n: (n - 1) / n, _reduce_scatter_expected, _scatter_counts),
+        Collective("allgather", False, False, lambda n: (n - 1) / n, _allgather_expected, _gather_counts),
     ]
 }
 
