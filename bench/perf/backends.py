@@ -190,6 +190,12 @@ class MpiStagedBackend:
     def broadcast(self, send: Any, recv: Any, op: str, root: int) -> None:
         self._run(self.host.broadcast, send, recv, op, root)
 
+    def reduce_scatter(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self._run(self.host.reduce_scatter, send, recv, op, root)
+
+    def allgather(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self._run(self.host.allgather, send, recv, op, root)
+
     def close(self) -> None:
         self.staging.clear()
 
@@ -246,6 +252,17 @@ class TorchBackend:
 
     def broadcast(self, send: Any, recv: Any, op: str, root: int) -> None:
         self.dist.broadcast(self._in_place(send, recv, root), src=root, group=self.group)
+
+    # The flat forms: torch 2.13 names them *_single, 2.11 only reduce_scatter_tensor/all_gather_into_tensor.
+    def reduce_scatter(self, send: Any, recv: Any, op: str, root: int) -> None:
+        flat = getattr(self.dist, "reduce_scatter_single", None) or self.dist.reduce_scatter_tensor
+        out = self.kind.as_torch(recv)
+        flat(out, self.kind.as_torch(send), op=self._ops[op], group=self.group)
+        _finish_avg(out, op, self.nranks)
+
+    def allgather(self, send: Any, recv: Any, op: str, root: int) -> None:
+        flat = getattr(self.dist, "all_gather_single", None) or self.dist.all_gather_into_tensor
+        flat(self.kind.as_torch(recv), self.kind.as_torch(send), group=self.group)
 
     def close(self) -> None:
         if self.group is not None:
