@@ -8,6 +8,8 @@
 #   ddp-trace  where a DDP step's time goes with hfr's hook (~2 min)
 #   internode  the inter-node step alone and the allreduce on 4 and 8 emulated nodes (~5 min)
 #   dtypes     186 MiB on CuPy n=4: sum and avg of float32, float16 and bfloat16 (~2 min)
+#   fsdp       FSDP's collectives, reduce_scatter and allgather, beside allreduce: 186 MiB CuPy n=4 (~2 min)
+#   small      the per-call cost: 8 B up, NumPy n=4 against Open MPI and CuPy n=4 against mpi-staged (~3 min)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -92,8 +94,24 @@ dtypes)
     done
   done | tee "$out/dtypes_n4.txt"
   ;;
+fsdp)
+  for c in reduce_scatter allgather allreduce; do
+    log "$c 186 MiB cupy n=4"
+    perf 4 -b 186M -e 186M -f 1 -n 5 -w 2 --array cupy --backends hfr,mpi-staged,gloo --collective $c \
+      | tee "$out/${c}_n4.txt"
+  done
+  ;;
+small)
+  log "allreduce numpy n=4 from 8 B"
+  perf 4 -b 8 -e 1M -f 8 -n 200 -w 20 --array numpy --backends hfr,mpi | tee "$out/small_numpy_n4.txt"
+  log "allreduce numpy, 4 emulated nodes of 1 rank, from 8 B"
+  HFR_LOCAL_SIZE=1 perf 4 -b 8 -e 4K -f 8 -n 200 -w 20 --array numpy --backends hfr,mpi \
+    | tee "$out/small_emulated_n4.txt"
+  log "allreduce cupy n=4 from 8 B to 186 MiB"
+  perf 4 -b 8 -e 186M -f 8 -n 20 -w 5 --array cupy --backends hfr,mpi-staged | tee "$out/small_cupy_n4.txt"
+  ;;
 *)
-  echo "unknown stage $stage: check, bench, overlap, torch, ddp-trace, internode or dtypes" >&2
+  echo "unknown stage $stage: check, bench, overlap, torch, ddp-trace, internode, dtypes, fsdp or small" >&2
   exit 2
   ;;
 esac
