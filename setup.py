@@ -1,4 +1,5 @@
-"""Builds hfr._kernels (-O3, SIMD for this CPU, its own pthread pool), hfr._internode and hfr._spin."""
+"""Builds hfr._kernels (-O3, SIMD for this CPU, its own pthread pool), hfr._internode, hfr._spin and
+hfr._node_call."""
 import os
 
 import numpy
@@ -25,9 +26,12 @@ internode = Extension("hfr._internode", ["hfr/_internode.pyx"], include_dirs=[nu
 # Waits on the node's counters with the GIL released (hfr/engine.py falls back to Python polling).
 spin = Extension("hfr._spin", ["hfr/_spin.pyx"], extra_compile_args=["-O2"])
 
+# A call on one node that fits in one chunk, for host arrays, in C (hfr/engine.py runs the others).
+node_call = Extension("hfr._node_call", ["hfr/_node_call.pyx"], extra_compile_args=["-O2"])
+
 setup(
     ext_modules=cythonize(
-        [kernels, internode, spin],
+        [kernels, internode, spin, node_call],
         compiler_directives={
             "language_level": "3",
             "boundscheck": False,

@@ -192,7 +192,7 @@ cdef void _advance_up(Flow* f, Call* c) noexcept nogil:
             for i in range(f.nchildren):
                 inputs[1 + i] = _slot(f, b, i)
             if reduce_nogil(c.kind, c.itemsize, _block(f, c, b), inputs, 1 + f.nchildren,
-                            _block_bytes(f, c, b) // c.itemsize, c.code, c.threads):
+                            _block_bytes(f, c, b) // c.itemsize, c.code, c.threads, 1):
                 _failed(NO_MEMORY, c)
                 return
         if not is_root:
@@ -483,7 +483,7 @@ cdef bint _advance_swaps(void* state, Call* c, bint* done) noexcept nogil:
         if step.received == OWN_FIRST or step.received == THEIRS_FIRST:
             # the kernel's out may alias its first input only: theirs first goes into theirs, then to buf
             inputs[0], inputs[1] = (mine, s.theirs) if step.received == OWN_FIRST else (s.theirs, mine)
-            if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, count, c.code, c.threads):
+            if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, count, c.code, c.threads, 1):
                 _failed(NO_MEMORY, c)
                 break
             if step.received == THEIRS_FIRST:

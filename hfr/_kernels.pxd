@@ -1,4 +1,5 @@
-# The C entry of hfr/_kernels.pyx, for other extensions (hfr/_tree.pyx combines blocks with it).
+# The C entry of hfr/_kernels.pyx, for other extensions (hfr/_internode.pyx combines blocks with it, hfr/_node_call.pyx
+# reduces and copies with it).
 
 cdef enum Kind:  # the element type a reduce runs on (signed sums and products run on the unsigned type)
     F32, F64, I8, U8, I32, U32, I64, U64, BF16, FP16
@@ -6,4 +7,5 @@ cdef enum Kind:  # the element type a reduce runs on (signed sums and products r
 cdef int op_code(object op) except -1
 cdef Kind kernel_kind(object dtype, int code) except *
 cdef int reduce_nogil(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py_ssize_t n, int code,
-                      int threads) noexcept nogil
+                      int threads, Py_ssize_t divisor) noexcept nogil
+cdef int copy_nogil(void* dst, void* src, Py_ssize_t nbytes, int threads) noexcept nogil

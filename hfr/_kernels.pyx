@@ -499,10 +499,16 @@ cdef Kind kernel_kind(object dtype, int code) except *:
 
 
 cdef int reduce_nogil(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py_ssize_t n, int code,
-                      int threads) noexcept nogil:
-    """out = xs[0] op ... op xs[k-1] over n elements on up to `threads` threads (fewer for small n).
-    Returns nonzero when scratch tiles could not be had (then out is partly written)."""
-    return _reduce(kind, itemsize, out, xs, k, n, code, _threads_for((k + 1) * n * itemsize, threads), 1)
+                      int threads, Py_ssize_t divisor) noexcept nogil:
+    """out = xs[0] op ... op xs[k-1] over n elements on up to `threads` threads (fewer for small n); a
+    divisor other than 1 divides a float sum by it (avg). Returns nonzero when scratch tiles could not be
+    had (then out is partly written)."""
+    return _reduce(kind, itemsize, out, xs, k, n, code, _threads_for((k + 1) * n * itemsize, threads), divisor)
+
+
+cdef int copy_nogil(void* dst, void* src, Py_ssize_t nbytes, int threads) noexcept nogil:
+    """dst[:nbytes] = src[:nbytes] with the kernel's threading (one thread below its per-thread minimum)."""
+    return reduce_nogil(U8, 1, dst, &src, 1, nbytes, SUM, threads, 1)
 
 
 def reduce(cnp.ndarray out, list inputs, op, int threads, Py_ssize_t divisor=1) -> None:
@@ -535,8 +541,8 @@ def parallel_copy(cnp.ndarray dst, cnp.ndarray src, int threads) -> None:
     """dst[:] = src with the same threading as reduce (for benchmarks): C-contiguous, equal nbytes."""
     if not (dst.flags.c_contiguous and src.flags.c_contiguous) or dst.nbytes != src.nbytes:
         raise ValueError("parallel_copy needs C-contiguous arrays of equal nbytes")
-    cdef uint8_t* s = <uint8_t*>cnp.PyArray_DATA(src)
+    cdef void* d = cnp.PyArray_DATA(dst)
+    cdef void* s = cnp.PyArray_DATA(src)
     cdef Py_ssize_t n = dst.nbytes
-    cdef void* xs = s
     with nogil:
-        reduce_nogil(U8, 1, cnp.PyArray_DATA(dst), &xs, 1, n, SUM, threads)
+        copy_nogil(d, s, n, threads)

@@ -21,29 +21,34 @@ cdef double SPIN_S = 2e-3  # yield between rounds this long (a chunk's copies ta
 cdef long NAP_NS = 20000
 
 
+cdef bint counters_reached(const long long* words, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t column,
+                           int64_t target, double seconds) noexcept nogil:
+    """True once word `column` of every row (rows of row_words int64 at words) is >= target; False if
+    `seconds` pass first."""
+    cdef Py_ssize_t r
+    cdef bint reached
+    cdef double start = hfr_now(), now
+    while True:
+        reached = True
+        for r in range(rows):
+            if hfr_load_acquire(words + r * row_words + column) < target:
+                reached = False
+                break
+        if reached:
+            return True
+        now = hfr_now()
+        if now - start > seconds:
+            return False
+        if now - start < SPIN_S:
+            sched_yield()
+        else:
+            hfr_nap(NAP_NS)
+
+
 def all_reached(size_t address, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t column,
                 int64_t target, double seconds) -> bool:
-    """True once word `column` of every row (rows of row_words int64 at address) is >= target;
-    False if `seconds` pass first. The GIL is released throughout."""
-    cdef const long long *words = <const long long *>address
-    cdef Py_ssize_t r
-    cdef bint reached = False
-    cdef double start, now
+    """counters_reached with the GIL released."""
+    cdef bint reached
     with nogil:
-        start = hfr_now()
-        while True:
-            reached = True
-            for r in range(rows):
-                if hfr_load_acquire(words + r * row_words + column) < target:
-                    reached = False
-                    break
-            if reached:
-                break
-            now = hfr_now()
-            if now - start > seconds:
-                break
-            if now - start < SPIN_S:
-                sched_yield()
-            else:
-                hfr_nap(NAP_NS)
+        reached = counters_reached(<const long long *>address, row_words, rows, column, target, seconds)
     return reached

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import internode, kernels
+from . import _kernels, _node_call, internode, kernels
 from .arrays import Array
 from .copies import CudaCopies, HostCopies, finished
 from .errors import HFRError, HFRTimeoutError, MismatchError
@@ -76,6 +76,13 @@ class Call:
     def elements(self) -> int:
         """The elements the chunks cut: the whole of an allgather's out, x's for the others."""
         return self.out.size if self.collective == "allgather" else self.x.size
+
+    def places(self, rank: int) -> tuple[int, int]:
+        """Where x and out lie among the elements the chunks cut: a reduce_scatter copies out only this
+        rank's shard, an allgather copies in only this rank's shard."""
+        x_at = rank * self.x.size if self.collective == "allgather" else 0
+        out_at = rank * self.out.size if self.collective == "reduce_scatter" else 0
+        return x_at, out_at
 
     def descriptor(self) -> list[int]:
         op = -1 if self.collective in ("broadcast", "allgather") else op_code(self.op)
@@ -188,6 +195,11 @@ class Engine:
 
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
+        # host calls of one chunk on one node run in C (hfr/_node_call.pyx), with the Cython kernel
+        if (self.layout.nnodes == 1 and call.x.kind == "numpy" and self._reduce is _kernels.reduce
+                and 0 < call.elements * call.x.dtype.itemsize <= self.chunk_bytes):
+            self._run_one_chunk_in_c(call)
+            return
         with self._cuda_device(call.x):
             copies = self._copies(call.x)
             try:
@@ -209,11 +221,8 @@ class Engine:
         align = SLICE_ALIGN_BYTES // itemsize
         root_node = layout.rank_nodes[root]
         is_root = layout.rank == root
-        # Who copies what where, for this collective. x and out lie at x_at and out_at of the `total`
-        # elements the chunks cut: a reduce_scatter copies out only this rank's shard, an allgather
-        # copies in only this rank's shard.
-        x_at = layout.rank * x.size if call.collective == "allgather" else 0
-        out_at = layout.rank * out.size if call.collective == "reduce_scatter" else 0
+        # Who copies what where, for this collective.
+        x_at, out_at = call.places(layout.rank)
         # broadcast's root data and allgather's shards go straight to the result slot
         into_result = call.collective in ("broadcast", "allgather")
         deposits = call.collective != "broadcast" or is_root
@@ -325,6 +334,44 @@ class Engine:
             copies.wait(self._copies_out[-1][1])  # copies out finish in order: the last one last
         self._chunks_done = base + nchunks
 
+    def _run_one_chunk_in_c(self, call: Call) -> None:
+        """The steps of _run_chunks for its one chunk, on one node, with the GIL released throughout."""
+        layout, x, out = self.layout, call.x, call.out
+        size = x.dtype.itemsize
+        g, total = self._chunks_done, call.elements
+        lo, hi = slice_bounds(total, layout.local_size, layout.local_rank, SLICE_ALIGN_BYTES // size)
+        x_at, out_at = call.places(layout.rank)
+        avg = call.op is Op.AVG
+        mine = call.descriptor()
+        outcome = _node_call.run(
+            self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, self.timeout,
+            self._descriptor_column(), tuple(mine), self._calls_done, g,
+            self.segment.slot_address(g % STAGES, 0), self.segment.slot_bytes,
+            COLLECTIVES.index(call.collective), layout.rank == call.root,
+            x.address, x.nbytes, x_at * size, out.address, out.nbytes, out_at * size,
+            total * size, lo * size, hi * size, x.dtype, Op.SUM if avg else call.op, layout.size if avg else 1,
+            self.threads)
+        Outcome = _node_call.Outcome
+        if outcome == Outcome.WAIT_CALL:
+            raise self._timed_out(f"{call.collective}: the node's ranks to make the call",
+                                  self._laggards(ANNOUNCED, self._calls_done + 1))
+        self._calls_done += 1
+        if outcome == Outcome.MISMATCH:
+            self._raise_mismatch(mine)
+        if outcome == Outcome.NO_MEMORY:
+            raise MemoryError("no memory for the kernel's scratch tiles")
+        where = f"{call.collective} chunk 1/1"
+        waits = {
+            Outcome.WAIT_RESULT_SLOT: (CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out"),
+            Outcome.WAIT_ARRIVED: (ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in"),
+            Outcome.WAIT_PREVIOUS_RESULT: (CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out"),
+            Outcome.WAIT_REDUCED: (REDUCED, g + 1, f"{where}: the node's ranks to finish their slices"),
+        }
+        if outcome in waits:
+            column, target, what = waits[outcome]
+            raise self._timed_out(what, self._laggards(column, target))
+        self._chunks_done = g + 1
+
     @staticmethod
     def _cuda_device(x: Array):
         """A context in which x's CUDA device is current (none for host arrays)."""
@@ -389,13 +436,17 @@ class Engine:
                 n = len(mine)
                 mismatch = bool(votes[0]) or bool((votes[1 : 1 + n] != -votes[1 + n :]).any())
             if mismatch:
-                table = np.empty((self.layout.size, len(mine)), np.int64)
-                self._complete(self.comm.Iallgather(np.array(mine, np.int64), table), "the call check")
-                raise MismatchError(describe_mismatch(table))
+                self._raise_mismatch(mine)
 
         if differs:  # this node's ranks disagree on the chunks to come: settle before any chunk wait
             settle()
         return settle
+
+    def _raise_mismatch(self, mine: list[int]) -> None:
+        """Gather every rank's descriptor and raise MismatchError naming what differs (every rank calls it)."""
+        table = np.empty((self.layout.size, len(mine)), np.int64)
+        self._complete(self.comm.Iallgather(np.array(mine, np.int64), table), "the call check")
+        raise MismatchError(describe_mismatch(table))
 
     # --- waiting -------------------------------------------------------------------------------
     def _publish(self, column: int, value: int) -> None:
@@ -417,7 +468,12 @@ class Engine:
             if spin(0.0):  # already there (the common case): one look, in C
                 return
         self._wait(lambda: self._all_reached(column, target), what, spin=spin,
-                   laggards=lambda: np.flatnonzero(self.segment.control[:, column] < target).tolist())
+                   laggards=lambda: self._laggards(column, target))
+
+    def _laggards(self, column: int, target: int) -> list[int]:
+        """The ranks (in comm) of this node whose counter in column is still below target."""
+        self.segment.sync()
+        return [self.layout.node_ranks[j] for j in np.flatnonzero(self.segment.control[:, column] < target)]
 
     def _complete(self, request: MPI.Request, what: str) -> None:
         self._wait(request.Test, what)
@@ -452,12 +508,13 @@ class Engine:
                 pause = min(max(pause * 2, 20e-6), 1e-3)
                 time.sleep(pause)
             if time.monotonic() > deadline:
-                layout = self.layout
-                who = ""
-                if laggards is not None:
-                    who = f" (still waiting for ranks {[layout.node_ranks[j] for j in laggards()]})"
-                raise HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "
-                                      f"waited {self.timeout:g} s for {what}{who}")
+                raise self._timed_out(what, None if laggards is None else laggards())
+
+    def _timed_out(self, what: str, laggards: Optional[list[int]]) -> HFRTimeoutError:
+        layout = self.layout
+        who = "" if laggards is None else f" (still waiting for ranks {laggards})"
+        return HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "
+                               f"waited {self.timeout:g} s for {what}{who}")
 
 
 def _gaps(lo: int, hi: int, starts: list[int], length: int) -> list[tuple[int, int]]:

@@ -39,13 +39,16 @@ def _mpi_ops() -> list:
     return [(MPI.SUM, Op.SUM), (MPI.MAX, Op.MAX), (MPI.MIN, Op.MIN), (MPI.PROD, Op.PROD)]
 
 
+_BY_NAME = {o.value: o for o in Op}  # the common spelling, without Enum's lookup
+
+
 def as_op(op: OpLike) -> Op:
     """The Op that op names: an Op, its name ("sum", case-insensitive) or MPI.SUM/MAX/MIN/PROD."""
     if isinstance(op, Op):
         return op
     if isinstance(op, str):
         try:
-            return Op(op.lower())
+            return _BY_NAME.get(op) or Op(op.lower())
         except ValueError:
             raise ValueError(f"unknown op {op!r}: expected one of {[o.value for o in Op]}") from None
     for mpi_op, ours in _mpi_ops():

@@ -40,6 +40,7 @@ class Segment:
         self.memory = np.frombuffer(buf, dtype=np.uint8, count=total)
         self.control = self.memory[: self.local_size * ROW_WORDS * 8].view(np.int64).reshape(self.local_size, ROW_WORDS)
         self.control_address = self.control.ctypes.data
+        self._address = self.memory.ctypes.data
         self._data = control_bytes
         # A passive epoch for the window's lifetime, so that sync() (MPI_Win_sync) orders our stores
         # and loads against the other ranks' on any CPU, not only on x86.
@@ -53,7 +54,7 @@ class Segment:
 
     @property
     def address(self) -> int:
-        return self.memory.ctypes.data
+        return self._address
 
     def sync(self) -> None:
         """A full memory barrier between this rank and the others on the segment."""
@@ -61,8 +62,15 @@ class Segment:
 
     def slot(self, stage: int, local_rank: int) -> np.ndarray:
         """Input slot of local_rank in stage, as bytes."""
-        start = self._data + stage * self._stage_bytes + local_rank * self.slot_bytes
+        start = self._offset(stage, local_rank)
         return self.memory[start : start + self.slot_bytes]
+
+    def slot_address(self, stage: int, local_rank: int) -> int:
+        """Where slot() begins in memory."""
+        return self.address + self._offset(stage, local_rank)
+
+    def _offset(self, stage: int, local_rank: int) -> int:
+        return self._data + stage * self._stage_bytes + local_rank * self.slot_bytes
 
     def result(self, stage: int) -> np.ndarray:
         """Result slot of stage, as bytes."""

@@ -17,6 +17,22 @@ def test_every_dtype_op_and_size(nprocs, local_size):
     assert "collectives ok" in out
 
 
+def test_the_c_path_numbers_the_protocol_as_the_engine():
+    from hfr import _node_call, engine
+
+    assert [c.name.lower() for c in _node_call.Collective] == list(engine.COLLECTIVES)
+    assert [(w.name, int(w)) for w in _node_call.Protocol] == [
+        (name, getattr(engine, name)) for name in ("ANNOUNCED", "ARRIVED", "REDUCED", "CONSUMED", "STAGES")]
+
+
+def test_calls_in_c_and_in_the_python_loop_work_together():
+    """One-chunk host calls on one node run in C (hfr/_node_call.pyx); with rank 1 taking the Python loop
+    for all of them, every collective still gives the slot-order bits, calls after calls."""
+    cfg = {"chunk_bytes": [4096, 1 << 20], "sizes": [1, 7, 3001], "dtypes": ["float32", "bfloat16", "int8"],
+           "python_loop_ranks": [1]}
+    assert "collectives ok" in run_mpi(3, "collectives_worker.py", json.dumps(cfg), timeout=240).stdout
+
+
 @pytest.mark.parametrize("algo", ["dbtree", "doubling", "halving", "gather", "ring", "mpi"])
 def test_every_inter_node_algo_through_the_engine(algo):
     """HFR_ALGO on 2 emulated nodes of 2 ranks: right results; the bits of all but ring and mpi do not depend

@@ -1,0 +1,198 @@
+# cython: language_level=3
+"""A call on one node whose elements fit in one chunk, for host arrays: the engine's protocol in C.
+
+The steps are those of the engine's chunk loop (hfr/engine.py, whose terms this uses) for its one
+chunk g, on stage g % STAGES, on one node, with the GIL released from the first step to the last:
+  announce   write the call's descriptor into our control row, then ANNOUNCED
+  copy in    the parts of x the others reduce into our input slot (our own slice is read from x);
+             broadcast's root and allgather's shards go to the result slot once it is free
+  check      wait until every rank has ANNOUNCED, compare the descriptors: a difference returns
+             before any other counter moves, so every rank's counters stay as they were
+  reduce     ARRIVED; our slice of the inputs into the result slot (avg divided there), then REDUCED
+  copy out   our part of the result slot into out, then CONSUMED
+Python builds the plain description below and turns the outcome into the Work's result or error;
+the Python loop runs every other call (CUDA arrays, several chunks, several nodes).
+"""
+from libc.stdint cimport int64_t
+
+from hfr._kernels cimport Kind, copy_nogil, kernel_kind, op_code, reduce_nogil
+from hfr._spin cimport counters_reached
+from hfr._wait cimport hfr_now
+
+cdef extern from "Python.h":
+    int PyErr_CheckSignals() noexcept  # -1 with the handler's exception set
+
+cdef extern from *:
+    """
+    static inline void hfr_publish(long long *p, long long v) {
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* our data stores are seen before the counter */
+        __atomic_store_n(p, v, __ATOMIC_RELEASE);
+    }
+    static inline void hfr_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+    """
+    void hfr_publish(long long* p, long long v) nogil
+    void hfr_fence() nogil
+
+cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the engine names it)
+    DONE, MISMATCH, NO_MEMORY, WAIT_CALL, WAIT_RESULT_SLOT, WAIT_ARRIVED, WAIT_PREVIOUS_RESULT, WAIT_REDUCED
+cdef enum:
+    INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
+    WAITED = -2  # a wait that reached its target
+cdef double SIGNAL_CHECK_S = 0.05  # a long wait looks at pending signals this often, as a Python loop would
+
+# Control words, stages and collectives as hfr/engine.py numbers them (tests/test_collectives.py compares)
+cpdef enum Protocol:
+    ANNOUNCED = 0
+    ARRIVED = 8
+    REDUCED = 16
+    CONSUMED = 24
+    STAGES = 3
+cpdef enum Collective:
+    ALLREDUCE = 0
+    REDUCE = 1
+    BROADCAST = 2
+    REDUCE_SCATTER = 3
+    ALLGATHER = 4
+
+
+cdef struct Node:  # the segment, as this rank sees it
+    long long* control  # local_size rows of row_words
+    Py_ssize_t row_words
+    int local_size, local_rank
+    double timeout
+
+
+cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
+    """WAITED once every local rank's counter in column has reached target; timed_out if the timeout
+    passes first, INTERRUPTED if a signal handler raised meanwhile."""
+    cdef double deadline = hfr_now() + node.timeout
+    cdef int signalled
+    if target <= 0:
+        return WAITED
+    while not counters_reached(node.control, node.row_words, node.local_size, column, target,
+                               min(SIGNAL_CHECK_S, deadline - hfr_now())):
+        if hfr_now() >= deadline:
+            return timed_out
+        with gil:
+            signalled = PyErr_CheckSignals()
+        if signalled:
+            return INTERRUPTED
+    return WAITED
+
+
+cdef inline void _publish(Node* node, Py_ssize_t column, int64_t value) noexcept nogil:
+    hfr_publish(node.control + node.local_rank * node.row_words + column, value)
+
+
+cdef inline int _copy(char* dst, char* src, Py_ssize_t nbytes, int threads) noexcept nogil:
+    return nbytes > 0 and copy_nogil(dst, src, nbytes, threads)
+
+
+def run(size_t control, Py_ssize_t row_words, int local_size, int local_rank, double timeout,
+        Py_ssize_t descriptor_column, tuple descriptor, int64_t calls_done, int64_t g,
+        size_t stage_slots, Py_ssize_t slot_bytes, int collective, bint is_root,
+        size_t x, Py_ssize_t x_nbytes, Py_ssize_t x_at, size_t out, Py_ssize_t out_nbytes, Py_ssize_t out_at,
+        Py_ssize_t total_bytes, Py_ssize_t lo, Py_ssize_t hi, object dtype, object op, Py_ssize_t divisor,
+        int threads) -> int:
+    """Run the call; returns its outcome. Byte offsets: x and out lie at x_at and out_at of the
+    total_bytes the chunk holds, our slice is [lo, hi); stage_slots is the stage's first input slot,
+    the others follow slot_bytes apart, the result slot last. op is an hfr.Op of the kernel's (SUM,
+    MAX, MIN, PROD); divisor (avg) divides the sum."""
+    cdef Node node
+    node.control, node.row_words = <long long*>control, row_words
+    node.local_size, node.local_rank, node.timeout = local_size, local_rank, timeout
+    cdef int code = op_code(op)
+    cdef Kind kind = kernel_kind(dtype, code)
+    cdef Py_ssize_t itemsize = dtype.itemsize
+    cdef Py_ssize_t nfields = len(descriptor)
+    cdef long long fields[8]
+    cdef Py_ssize_t i
+    for i in range(nfields):
+        fields[i] = descriptor[i]
+    cdef void* inputs[64]
+    if local_size > 64:
+        raise ValueError(f"{local_size} ranks a node: the one-chunk path reduces at most 64 inputs")
+    cdef int outcome
+    with nogil:
+        outcome = _run(&node, descriptor_column, fields, nfields, calls_done, g, <char*>stage_slots, slot_bytes,
+                       collective, is_root, <char*>x, x_nbytes, x_at, <char*>out, out_nbytes, out_at, total_bytes,
+                       lo, hi, kind, itemsize, code, divisor, threads, inputs)
+    if outcome == INTERRUPTED:
+        _raise_pending()
+    return outcome
+
+
+cdef int _raise_pending() except -1:
+    """Raise the exception a signal handler left set (returning -1 with it set makes Cython raise it)."""
+    return -1
+
+
+cdef int _run(Node* node, Py_ssize_t column, long long* fields, Py_ssize_t nfields, int64_t calls_done, int64_t g,
+              char* slots, Py_ssize_t slot_bytes, int collective, bint is_root,
+              char* x, Py_ssize_t x_nbytes, Py_ssize_t x_at, char* out, Py_ssize_t out_nbytes, Py_ssize_t out_at,
+              Py_ssize_t total, Py_ssize_t lo, Py_ssize_t hi, Kind kind, Py_ssize_t itemsize, int code,
+              Py_ssize_t divisor, int threads, void** inputs) noexcept nogil:
+    cdef long long* row = node.control + node.local_rank * node.row_words
+    cdef long long* other
+    cdef char* own_slot = slots + node.local_rank * slot_bytes
+    cdef char* result = slots + node.local_size * slot_bytes
+    cdef bint into_result = collective == BROADCAST or collective == ALLGATHER
+    cdef bint deposits = collective != BROADCAST or is_root
+    cdef bint copies_out = True
+    cdef Py_ssize_t a, b, i
+    cdef int j, waited
+    if collective == REDUCE:
+        copies_out = is_root
+    elif collective == BROADCAST:
+        copies_out = not (is_root and out == x)
+
+    # announce
+    for i in range(nfields):
+        row[column + i] = fields[i]
+    _publish(node, ANNOUNCED, calls_done + 1)
+    # copy in: what the others reduce (our own slice stays in x)
+    if deposits and not into_result:
+        if _copy(own_slot, x, lo, threads) or _copy(own_slot + hi, x + hi, total - hi, threads):
+            return NO_MEMORY
+    # check
+    waited = _wait_all(node, ANNOUNCED, calls_done + 1, WAIT_CALL)
+    if waited != WAITED:
+        return waited
+    hfr_fence()
+    for j in range(node.local_size):
+        other = node.control + j * node.row_words + column
+        for i in range(nfields):
+            if other[i] != fields[i]:
+                return MISMATCH
+    if deposits and into_result:
+        waited = _wait_all(node, CONSUMED, g - STAGES + 1, WAIT_RESULT_SLOT)
+        if waited != WAITED:
+            return waited
+        a, b = max(0, x_at), min(total, x_at + x_nbytes)
+        if a < b and _copy(result + a, x + a - x_at, b - a, threads):
+            return NO_MEMORY
+    # reduce
+    _publish(node, ARRIVED, g + 1)
+    waited = _wait_all(node, ARRIVED, g + 1, WAIT_ARRIVED)
+    if waited == WAITED:
+        waited = _wait_all(node, CONSUMED, g - STAGES + 1, WAIT_PREVIOUS_RESULT)
+    if waited != WAITED:
+        return waited
+    hfr_fence()
+    if not into_result and hi > lo:
+        for j in range(node.local_size):
+            inputs[j] = (x if j == node.local_rank else slots + j * slot_bytes) + lo
+        if reduce_nogil(kind, itemsize, result + lo, inputs, node.local_size, (hi - lo) // itemsize, code,
+                        threads, divisor):
+            return NO_MEMORY
+    _publish(node, REDUCED, g + 1)
+    waited = _wait_all(node, REDUCED, g + 1, WAIT_REDUCED)
+    if waited != WAITED:
+        return waited
+    hfr_fence()
+    # copy out
+    a, b = max(0, out_at), min(total, out_at + out_nbytes)
+    if copies_out and a < b and _copy(out + a - out_at, result + a, b - a, threads):
+        return NO_MEMORY
+    _publish(node, CONSUMED, g + 1)
+    return DONE
