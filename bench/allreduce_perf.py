@@ -1,4 +1,5 @@
-"""Benchmark hfr's allreduce (or reduce, broadcast) against MPI, gloo and NCCL, as nccl-tests does.
+"""Benchmark hfr's allreduce (or reduce, broadcast, reduce_scatter, allgather) against MPI, gloo and
+NCCL, as nccl-tests does.
 
     mpiexec -n 4 python -m mpi4py bench/allreduce_perf.py -b 8 -e 64M -f 4 -n 10 -w 3 --plot out.png
 

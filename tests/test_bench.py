@@ -128,3 +128,17 @@ def test_hfr_and_mpi_are_right(collective, dtype, op):
         assert all(r["root"] == "1" for r in rows)
     if dtype != "bfloat16":  # MPI has no bfloat16 reduction: no peer to compare with
         assert "hfr speedup over the best peer" in out
+
+
+@needs_hfr
+@pytest.mark.parametrize("collective,op", [("reduce_scatter", "sum"), ("reduce_scatter", "avg"), ("allgather", "sum")])
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_fsdp_collectives_against_every_host_peer(collective, op, nprocs):
+    """reduce_scatter and allgather for hfr, MPI and gloo, out of place and in place (the smaller buffer
+    this rank's slice of the larger, as nccl-tests and FSDP do): every row run, nothing wrong."""
+    out = run_mpi(nprocs, SCRIPT, "-b", "4", "-e", "64K", "-f", "64", "-n", "2", "-w", "1", "--collective",
+                  collective, "-o", op, "--backends", "hfr,mpi,gloo", timeout=120).stdout
+    rows = table_rows(out)
+    assert {r["backend"] for r in rows} == {"hfr", "mpi", "gloo"}, out
+    assert all(r[f"{p} #wrong"] == "0" for r in rows for p in ("oop", "ip")), out
+    assert {int(r["count"]) % nprocs for r in rows} == {0}  # the larger buffer's count, n x k

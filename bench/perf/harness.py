@@ -127,15 +127,22 @@ class Sweep:
         self.pristine = kind.from_host(self.input)  # copied into the send buffer before every call
         self.send = kind.from_host(self.input)
         self.recv = kind.from_host(self.input if recv_count == send_count else np.zeros(recv_count, self.dtype))
+        # In place, as nccl-tests: one buffer, or where the counts differ (reduce_scatter, allgather) the
+        # smaller buffer is this rank's slice of the larger one.
+        self.in_place = (self.recv, self.recv)
+        if send_count != recv_count:
+            k = min(send_count, recv_count)
+            whole = kind.from_host(np.zeros(self.count, self.dtype))
+            shard = whole[comm.rank * k : (comm.rank + 1) * k]
+            self.in_place = (shard, whole) if send_count < recv_count else (whole, shard)
 
     def buffers(self, in_place: bool) -> tuple[Any, Any]:
-        return (self.recv, self.recv) if in_place else (self.send, self.recv)
+        return self.in_place if in_place else (self.send, self.recv)
 
     def prepare(self, in_place: bool) -> None:
-        """Restore the input and poison the output, so no call sees old results; then wait for the device."""
+        """Poison the output and restore the input, so no call sees old results; then wait for the device."""
         send, recv = self.buffers(in_place)
-        if not in_place:
-            poison(recv)
+        poison(recv)
         self.kind.copy(send, self.pristine)
         self.kind.synchronize()
 
@@ -179,8 +186,6 @@ def run_one(backend: Any, sweep: Sweep, in_place: bool) -> Result:
     result = Result(backend.name, PLACEMENTS[in_place], sweep.size, sweep.count)
     if not hasattr(backend, sweep.coll.name):
         result.reason = f"{backend.name} has no {sweep.coll.name} in this harness yet"
-    elif in_place and sweep.coll.counts(2, 2) != (2, 2):  # nccl-tests' in place: send a slice of recv
-        result.reason = f"{sweep.coll.name} in place (send a slice of recv) is not run by this harness yet"
     else:
         result.reason = backend.unsupported(sweep.coll, sweep.dtype, sweep.args.op, in_place)
     if result.reason:
