@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ._kernels import data_address
 from .ops import DTYPES, as_dtype
 
 __all__ = ["Array", "inspect", "check_out", "check_shards"]
@@ -58,8 +59,6 @@ def _is_torch(x: Any) -> bool:
 
 def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
     """x as an Array, or TypeError/ValueError naming the problem."""
-    if _is_torch(x):
-        return _inspect_tensor(x, name, writable)
     if isinstance(x, np.ndarray):
         kind, device, stream = "numpy", None, None
         flags = x.flags
@@ -67,6 +66,8 @@ def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
             raise ValueError(f"{name} is read-only: it cannot receive the result (pass out=)")
         if not flags.c_contiguous:
             raise ValueError(f"{name} is not C-contiguous (shape {x.shape}, strides {x.strides})")
+    elif _is_torch(x):
+        return _inspect_tensor(x, name, writable)
     elif _is_cupy(x):
         import cupy
 
@@ -116,7 +117,7 @@ def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
 
 
 def _address(a: Any, kind: str) -> int:
-    return a.__array_interface__["data"][0] if kind == "numpy" else a.data.ptr
+    return data_address(a) if kind == "numpy" else a.data.ptr
 
 
 def check_out(x: Array, out: Any) -> Array:

@@ -351,26 +351,30 @@ class Engine:
             x.address, x.nbytes, x_at * size, out.address, out.nbytes, out_at * size,
             total * size, lo * size, hi * size, x.dtype, Op.SUM if avg else call.op, layout.size if avg else 1,
             self.threads)
+        if outcome != _node_call.Outcome.DONE:
+            self._one_chunk_failed(call, outcome, mine, g)
+        self._calls_done += 1
+        self._chunks_done = g + 1
+
+    def _one_chunk_failed(self, call: Call, outcome: int, mine: list[int], g: int) -> None:
+        """Raise what the C path's outcome means, as the Python loop would have at the same step."""
         Outcome = _node_call.Outcome
         if outcome == Outcome.WAIT_CALL:
             raise self._timed_out(f"{call.collective}: the node's ranks to make the call",
                                   self._laggards(ANNOUNCED, self._calls_done + 1))
-        self._calls_done += 1
+        self._calls_done += 1  # the check passed the ANNOUNCED wait, as _check counts it
         if outcome == Outcome.MISMATCH:
             self._raise_mismatch(mine)
         if outcome == Outcome.NO_MEMORY:
             raise MemoryError("no memory for the kernel's scratch tiles")
         where = f"{call.collective} chunk 1/1"
-        waits = {
+        column, target, what = {
             Outcome.WAIT_RESULT_SLOT: (CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out"),
             Outcome.WAIT_ARRIVED: (ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in"),
             Outcome.WAIT_PREVIOUS_RESULT: (CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out"),
             Outcome.WAIT_REDUCED: (REDUCED, g + 1, f"{where}: the node's ranks to finish their slices"),
-        }
-        if outcome in waits:
-            column, target, what = waits[outcome]
-            raise self._timed_out(what, self._laggards(column, target))
-        self._chunks_done = g + 1
+        }[outcome]
+        raise self._timed_out(what, self._laggards(column, target))
 
     @staticmethod
     def _cuda_device(x: Array):
