@@ -1,6 +1,6 @@
-"""The inter-node algorithms that run in C with the GIL released: dbtree's block pipeline (TreePipeline)
-and recursive doubling, alone or after recursive halving (Doubling). hfr/internode.py checks arguments and
-chooses; this moves the bytes.
+"""The inter-node algorithms that run in C with the GIL released: dbtree's block pipeline
+(TreePipeline), recursive doubling, alone or after recursive halving (Doubling), and the ring over
+fixed granules (Ring). hfr/internode.py checks arguments and chooses; this moves the bytes.
 
 dbtree. Terms as in hfr/internode.py: a *slice* buf holds global elements first .., each tree carries the
 granules of its parity, cut into *blocks*; blocks go up a tree (children's blocks received into scratch
@@ -29,6 +29,11 @@ For d = 1 .. p/2 the owned ranges are swapped back, so ranges double until every
 Each element meets the same pairs in the same order, so its bits too depend on n, dtype, op and data alone
 (not the same bits as doubling's, which pairs low bit first).
 
+ring: reduce-scatter then allgather around the rail over n segments of fixed granules, as
+hfr/internode.py defines them; each step posts one message per granule of the segment it sends right and
+of the one it receives from the left, and a reduce-scatter step combines (ours op theirs) once all have
+arrived. Steps follow one another (the next step's segment is this step's result).
+
 MPI is called through pointers to the functions of the MPI library that mpi4py loaded, with handles
 (communicator, datatype, request) as pointer-sized integers: MPICH's ABI has int handles, Open MPI's
 and the MPI standard ABI pointers; either is passed in one register or stack word, of which an int
@@ -49,7 +54,7 @@ from mpi4py import MPI
 
 cnp.import_array()
 
-__all__ = ["TreePipeline", "Doubling", "BLOCKS_IN_FLIGHT"]
+__all__ = ["TreePipeline", "Doubling", "Ring", "BLOCKS_IN_FLIGHT"]
 
 cdef enum:
     IN_FLIGHT = 4  # blocks per tree between two stages (with 1 MiB blocks 4 and 8 measured alike)
@@ -585,3 +590,127 @@ cdef class Doubling(Schedule):
             step = &s.steps[s.step]
             for i in range(_nparts((step.recv_hi - step.recv_lo) * self.call.itemsize)):
                 self._cancel(&s.requests[s.parts + i])
+
+
+# ---- ring ------------------------------------------------------------------------------------------------
+
+ctypedef struct RingState:
+    int rank, n, left, right
+    Py_ssize_t first, size, granule  # the slice's global first element, its length, the granule (elements)
+    int step  # 0 .. n-2: reduce-scatter; n-1 .. 2n-3: allgather
+    bint posted  # whether the step's requests are posted
+    int tag
+    char* theirs  # scratch for a reduce-scatter step's received segment, its pieces packed in order
+    int room  # requests for this many pieces each way
+    int nsends, nrecvs  # posted this step
+    Request* requests  # room sends, then room receives
+
+
+cdef inline Py_ssize_t _first_granule(RingState* r, int segment) noexcept nogil:
+    """The first granule of the slice in `segment` (granule g is in segment g % n)."""
+    cdef Py_ssize_t g0 = r.first // r.granule
+    return g0 + ((segment - g0) % r.n + r.n) % r.n
+
+
+cdef int _post_segment(RingState* r, Call* c, int segment, bint send, bint packed) noexcept nogil:
+    """Post one message per granule of `segment` in the slice: sends to the right, or receives from the
+    left (packed into theirs, or each into its place in buf). Returns how many."""
+    cdef Py_ssize_t g = _first_granule(r, segment), end = r.first + r.size, lo, hi, at = 0
+    cdef int i = 0
+    cdef Request* requests = r.requests if send else r.requests + r.room
+    while g * r.granule < end:
+        lo, hi = max(g * r.granule, r.first) - r.first, min((g + 1) * r.granule, end) - r.first
+        if send:
+            _failed(mpi_isend(c.buf + lo * c.itemsize, <int>((hi - lo) * c.itemsize), c.byte, r.right, r.tag,
+                              c.comm, &requests[i]), c)
+        else:
+            _failed(mpi_irecv((r.theirs + at * c.itemsize) if packed else (c.buf + lo * c.itemsize),
+                              <int>((hi - lo) * c.itemsize), c.byte, r.left, r.tag, c.comm, &requests[i]), c)
+        at += hi - lo
+        g += r.n
+        i += 1
+    return i
+
+
+cdef int _combine_segment(RingState* r, Call* c, int segment) noexcept nogil:
+    """Each granule of `segment` in buf = buf op the received partial (ours first, as the Python ring did)."""
+    cdef Py_ssize_t g = _first_granule(r, segment), end = r.first + r.size, lo, hi, at = 0
+    cdef void* inputs[2]
+    while g * r.granule < end:
+        lo, hi = max(g * r.granule, r.first) - r.first, min((g + 1) * r.granule, end) - r.first
+        inputs[0], inputs[1] = c.buf + lo * c.itemsize, r.theirs + at * c.itemsize
+        if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, hi - lo, c.code, c.threads, 1):
+            return NO_MEMORY
+        at += hi - lo
+        g += r.n
+    return 0
+
+
+cdef inline int _mod(int a, int n) noexcept nogil:
+    return (a % n + n) % n
+
+
+cdef bint _advance_ring(void* state, Call* c, bint* done) noexcept nogil:
+    cdef RingState* r = <RingState*>state
+    cdef bint moved = False, scatter
+    cdef int s
+    while r.step < 2 * (r.n - 1):
+        scatter = r.step < r.n - 1
+        s = r.step if scatter else r.step - (r.n - 1)
+        if not r.posted:  # reduce-scatter: send segment rank - s, receive rank - s - 1; allgather one later
+            r.nrecvs = _post_segment(r, c, _mod(r.rank - s - 1 + (0 if scatter else 1), r.n), False, scatter)
+            r.nsends = _post_segment(r, c, _mod(r.rank - s + (0 if scatter else 1), r.n), True, False)
+            r.posted, moved = True, True
+        if not (_all_tested(r.requests, r.nsends, c) and _all_tested(r.requests + r.room, r.nrecvs, c)):
+            break
+        if scatter and _combine_segment(r, c, _mod(r.rank - s - 1, r.n)):
+            _failed(NO_MEMORY, c)
+            break
+        r.step, r.posted, moved = r.step + 1, False, True
+    done[0] = r.step == 2 * (r.n - 1)
+    return moved
+
+
+cdef class Ring(Schedule):
+    """One call's ring allreduce over fixed granules (hfr/internode.py's terms): n - 1 reduce-scatter steps,
+    then n - 1 allgather steps, each a message per granule of one segment each way."""
+    cdef RingState ring
+
+    def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, op, cnp.ndarray scratch not None, int threads,
+                  int tag, Py_ssize_t first, Py_ssize_t granule):
+        """scratch: room for the largest segment's elements; granule in elements."""
+        cdef RingState* r = &self.ring
+        cdef Py_ssize_t granules
+        self.advance, self.state = _advance_ring, r
+        r.requests = NULL
+        r.rank, r.n = comm.Get_rank(), comm.Get_size()
+        r.left, r.right = _mod(r.rank - 1, r.n), (r.rank + 1) % r.n
+        r.first, r.size, r.granule = first, buf.shape[0], granule
+        r.step, r.posted, r.tag, r.nsends, r.nrecvs = 0, False, tag, 0, 0
+        granules = (first + r.size + granule - 1) // granule - first // granule
+        r.room = <int>((granules + r.n - 1) // r.n)
+        if scratch.nbytes < r.room * granule * buf.itemsize and scratch.nbytes < buf.nbytes:
+            raise ValueError(f"scratch holds {scratch.nbytes} bytes, a segment up to {r.room * granule * buf.itemsize}")
+        r.theirs = <char*>cnp.PyArray_DATA(scratch)
+        r.requests = <Request*>calloc(2 * max(1, r.room), sizeof(Request))
+        if r.requests == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.ring.requests)
+
+    def waiting_for(self) -> list:
+        """The step under way and its neighbours, in words."""
+        cdef RingState* r = &self.ring
+        if r.step >= 2 * (r.n - 1):
+            return []
+        phase, s = ("reduce-scatter", r.step) if r.step < r.n - 1 else ("allgather", r.step - (r.n - 1))
+        return [f"ring {phase} step {s}: rank {r.left} to send, rank {r.right} to receive"]
+
+    def abandon(self) -> None:
+        """Cancel the receives still posted (the sends stay as they are)."""
+        cdef RingState* r = &self.ring
+        cdef int i
+        if r.posted:
+            for i in range(r.nrecvs):
+                self._cancel(&r.requests[r.room + i])

@@ -50,7 +50,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ._internode import BLOCKS_IN_FLIGHT, Doubling, TreePipeline
+from ._internode import BLOCKS_IN_FLIGHT, Doubling, Ring, TreePipeline
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
 from .errors import HFRTimeoutError
 from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
@@ -94,10 +94,10 @@ def allreduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, *, algo: str 
                           up=True, down=True)
     if algo in ("doubling", "halving"):
         return _run_doubling(rail, buf, op, threads, deadline, halving=algo == "halving")
-    if algo == "mpi":
-        flows = [_Sequence(_mpi_allreduce(rail, buf, op))]
-    else:
-        flows = [_all_ranks_flow(rail, buf, first, op, algo, threads)]
+    if algo == "ring":
+        return _run_ring(rail, buf, first, op, threads, deadline, "allreduce (ring)")
+    flow = _mpi_allreduce(rail, buf, op) if algo == "mpi" else _gather_allreduce(rail, buf, op, threads)
+    flows = [_Sequence(flow)]
     _drive(rail, flows, deadline, f"allreduce ({algo})")
 
 
@@ -114,10 +114,10 @@ def reduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, root: int, *, al
                           f"reduce to {root} (dbtree)", up=True, down=False)
     if algo in ("doubling", "halving"):
         return _run_doubling(rail, buf, op, threads, deadline, halving=algo == "halving")
-    if algo == "mpi":
-        flows = [_Sequence(_mpi_reduce(rail, buf, op, root))]
-    else:
-        flows = [_all_ranks_flow(rail, buf, first, op, algo, threads)]
+    if algo == "ring":
+        return _run_ring(rail, buf, first, op, threads, deadline, f"reduce to {root} (ring)")
+    flow = _mpi_reduce(rail, buf, op, root) if algo == "mpi" else _gather_allreduce(rail, buf, op, threads)
+    flows = [_Sequence(flow)]
     _drive(rail, flows, deadline, f"reduce to {root} ({algo})")
 
 
@@ -316,13 +316,6 @@ def vote(rail: MPI.Comm, votes: np.ndarray, deadline: Optional[float]) -> None:
         _run_doubling(rail, votes, Op.MAX, 1, deadline, halving=False, tag=_VOTE_TAG, what="the call check's vote")
 
 
-def _all_ranks_flow(rail, buf, first, op, algo, threads) -> _Sequence:
-    """The flow of an algo whose every rank ends with the result: ring or gather."""
-    if algo == "ring":
-        return _Sequence(_ring_allreduce(rail, buf, first, op, threads))
-    return _Sequence(_gather_allreduce(rail, buf, op, threads))
-
-
 # ---------------------------------------------------------------------------------------- gather
 
 
@@ -336,39 +329,16 @@ def _gather_allreduce(rail, buf, op, threads) -> Iterator[tuple[list[MPI.Request
 # ---------------------------------------------------------------------------------------- ring
 
 
-def _ring_allreduce(rail, buf, first, op, threads) -> Iterator[tuple[list[MPI.Request], str]]:
-    """Reduce-scatter then allgather: at step s rank r passes segment (r - s) to its right neighbour.
-    Segment k is the granules g (global index // RING_GRANULE_BYTES' elements) with g % n == k, so an
-    element's segment, hence the order its n values are combined in, follows from its global index."""
-    rank, n = rail.Get_rank(), rail.Get_size()
-    right, left = (rank + 1) % n, (rank - 1) % n
+def _run_ring(rail, buf, first, op, threads, deadline, what: str) -> None:
+    """Reduce-scatter then allgather around the rail, in C (hfr/_internode.pyx's Ring): at step s rank r
+    passes segment (r - s) to its right neighbour. Segment k is the granules g (global index //
+    RING_GRANULE_BYTES' elements) with g % n == k, so an element's segment, hence the order its n values
+    are combined in, follows from its global index."""
     granule = max(1, RING_GRANULE_BYTES // buf.itemsize)
-    pieces: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # segment -> its (lo, hi) in buf
-    for g in range(first // granule, -(-(first + buf.size) // granule)):
-        pieces[g % n].append((max(g * granule, first) - first, min((g + 1) * granule, first + buf.size) - first))
-    scratch = _typed_scratch("ring", (max(sum(hi - lo for lo, hi in p) for p in pieces),), buf.dtype)
-    combine = unchecked_reducer()
-
-    def exchange(send: int, recv: int, into_scratch: bool) -> list[MPI.Request]:
-        """Send segment `send` right, receive segment `recv` from the left (into scratch, in order)."""
-        requests = [rail.Isend(_bytes(buf[lo:hi]), right, _RING_TAG) for lo, hi in pieces[send % n]]
-        at = 0
-        for lo, hi in pieces[recv % n]:
-            target = scratch[at:at + hi - lo] if into_scratch else buf[lo:hi]
-            requests.append(rail.Irecv(_bytes(target), left, _RING_TAG))
-            at += hi - lo
-        return requests
-
-    peers = f"rank {left} to send, rank {right} to receive"
-    for step in range(n - 1):
-        own = (rank - step - 1) % n
-        yield exchange(rank - step, own, True), f"ring reduce-scatter step {step}: {peers}"
-        at = 0
-        for lo, hi in pieces[own]:
-            combine(buf[lo:hi], [buf[lo:hi], scratch[at:at + hi - lo]], op, threads)
-            at += hi - lo
-    for step in range(n - 1):
-        yield exchange(rank + 1 - step, rank - step, False), f"ring allgather step {step}: {peers}"
+    n = rail.Get_size()
+    granules = -(-(first + buf.size) // granule) - first // granule
+    scratch = _scratch("ring", min(-(-granules // n) * granule, buf.size) * buf.itemsize)
+    _run_in_c(rail, Ring(rail, buf, op, scratch, threads, _RING_TAG, first, granule), deadline, what)
 
 
 # ---------------------------------------------------------------------------------------- mpi
