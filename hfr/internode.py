@@ -133,7 +133,7 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
 
 DOUBLING_UP_TO_BYTES = 64 * 1024
 HALVING_UP_TO_BYTES = 1024 * 1024
-RING_UP_TO_NODES = 4
+RING_UP_TO_NODES = 8  # the most hosts the testbed has measured
 
 
 def choose_algo(nbytes: int, nnodes: int) -> str:
@@ -143,13 +143,12 @@ def choose_algo(nbytes: int, nnodes: int) -> str:
     doubling (log2 n swaps of the whole slice: fewest steps) up to 64 KiB; halving (2 log2 n steps
     moving 2 x the slice in all) up to 1 MiB (both from the shared-memory emulation, not yet re-measured
     on links); above that ring on 2..RING_UP_TO_NODES nodes and dbtree on more. ring is from hosts joined
-    by shaped links (bench/multihost_perf.py; bench/RESULTS.md, "Inter-node over shaped links"): on 4
-    hosts x 2 at 1 Gbit/s, 16-64 MiB, ring took 0.73-0.84x dbtree's time, as its bytes per link predict
-    (2(n-1)/n against 2 x the slice); on 8 hosts it was even with dbtree at 16 MiB and well behind at
-    64 MiB (its 2(n-1) steps in Python, CPU-bound on the 2-core VM), so dbtree from 5 nodes on (5-7 not
-    measured). All of these give bits that do not depend
-    on where the caller cuts its array, for every dtype; mpi's do, and gather moves n x the slice to
-    every node, so those two are never chosen.
+    by shaped links (bench/multihost_perf.py; bench/RESULTS.md, "The ring in C"): at 1 Gbit/s, 16-64 MiB,
+    on 4 hosts x 2 and 8 x 1 it took 0.57-0.78x dbtree's time, as its bytes per link predict (2(n-1)/n
+    of the slice against dbtree's 2); beyond 8 nodes its 2(n-1) dependent steps are unmeasured, and
+    dbtree's 2 log2 n hops keep the latency down. All of these give bits that do not depend on where the
+    caller cuts its array, for every dtype; mpi's do, and gather moves n x the slice to every node, so
+    those two are never chosen.
     """
     if nnodes <= 1:
         return "dbtree"  # nothing moves
