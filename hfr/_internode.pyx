@@ -46,7 +46,7 @@ from libc.string cimport memcpy
 
 cimport numpy as cnp
 from hfr._kernels cimport Kind, kernel_kind, op_code, reduce_nogil
-from hfr._wait cimport hfr_nap, hfr_now, sched_yield
+from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_nap, hfr_now, raise_pending, sched_yield, signal_raised
 
 import ctypes
 
@@ -61,6 +61,7 @@ cdef enum:
     MAX_CHILDREN = 2
     STATUS_WORDS = 8  # room for any ABI's MPI_Status (20 to 32 bytes)
     NO_MEMORY = -1  # Call.error when the kernel had no memory for its scratch tiles
+    INTERRUPTED = -2  # Call.error when a signal handler raised (Ctrl-C): run() raises its exception
     PART_BYTES = 1 << 30  # doubling's messages: a step's slice goes in parts of at most this (int counts)
 
 ctypedef uint64_t Request  # storage for one MPI_Request: an int (MPICH) or a pointer
@@ -250,9 +251,10 @@ ctypedef bint (*advance_fn)(void* state, Call* c, bint* done) noexcept nogil  # 
 
 cdef bint _poll(advance_fn advance, void* state, Call* c, double deadline, double yield_s,
                 long sleep_ns) noexcept nogil:
-    """Advance until done (True), an MPI call fails (c.error) or deadline passes (False). After progress
-    stops: sched_yield for yield_s, then nap sleep_ns between polls."""
-    cdef double last_progress = hfr_now(), now
+    """Advance until done (True), an MPI call fails (c.error), a signal handler raises (c.error
+    INTERRUPTED) or deadline passes (False). After progress stops: sched_yield for yield_s, then nap
+    sleep_ns between polls, looking at pending signals every HFR_SIGNAL_CHECK_S."""
+    cdef double last_progress = hfr_now(), last_signal_check = last_progress, now
     cdef bint done = False, moved
     while True:
         moved = advance(state, c, &done)
@@ -266,6 +268,11 @@ cdef bint _poll(advance_fn advance, void* state, Call* c, double deadline, doubl
             continue
         if now > deadline:
             return False
+        if now - last_signal_check > HFR_SIGNAL_CHECK_S:
+            last_signal_check = now
+            if signal_raised():
+                c.error = INTERRUPTED
+                return False
         if now - last_progress < yield_s:
             sched_yield()
         else:
@@ -299,6 +306,8 @@ cdef class Schedule:
         cdef long sleep_ns = <long>(sleep_s * 1e9)
         with nogil:
             done = _poll(self.advance, self.state, &self.call, deadline, yield_s, sleep_ns)
+        if self.call.error == INTERRUPTED:
+            raise_pending()
         if self.call.error == NO_MEMORY:
             raise MemoryError("hfr: no memory for the kernel's scratch tiles")
         if self.call.error:

@@ -17,10 +17,7 @@ from libc.stdint cimport int64_t
 
 from hfr._kernels cimport Kind, copy_nogil, kernel_kind, op_code, reduce_nogil
 from hfr._spin cimport counters_reached
-from hfr._wait cimport hfr_now
-
-cdef extern from "Python.h":
-    int PyErr_CheckSignals() noexcept  # -1 with the handler's exception set
+from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_now, raise_pending, signal_raised
 
 cdef extern from *:
     """
@@ -38,7 +35,6 @@ cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the e
 cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
     WAITED = -2  # a wait that reached its target
-cdef double SIGNAL_CHECK_S = 0.05  # a long wait looks at pending signals this often, as a Python loop would
 
 # Control words, stages and collectives as hfr/engine.py numbers them (tests/test_collectives.py compares)
 cpdef enum Protocol:
@@ -66,16 +62,13 @@ cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out)
     """WAITED once every local rank's counter in column has reached target; timed_out if the timeout
     passes first, INTERRUPTED if a signal handler raised meanwhile."""
     cdef double deadline = hfr_now() + node.timeout
-    cdef int signalled
     if target <= 0:
         return WAITED
     while not counters_reached(node.control, node.row_words, node.local_size, column, target,
-                               min(SIGNAL_CHECK_S, deadline - hfr_now())):
+                               min(HFR_SIGNAL_CHECK_S, deadline - hfr_now())):
         if hfr_now() >= deadline:
             return timed_out
-        with gil:
-            signalled = PyErr_CheckSignals()
-        if signalled:
+        if signal_raised():
             return INTERRUPTED
     return WAITED
 
@@ -118,13 +111,8 @@ def run(size_t control, Py_ssize_t row_words, int local_size, int local_rank, do
                        collective, is_root, <char*>x, x_nbytes, x_at, <char*>out, out_nbytes, out_at, total_bytes,
                        lo, hi, kind, itemsize, code, divisor, threads, inputs)
     if outcome == INTERRUPTED:
-        _raise_pending()
+        raise_pending()
     return outcome
-
-
-cdef int _raise_pending() except -1:
-    """Raise the exception a signal handler left set (returning -1 with it set makes Cython raise it)."""
-    return -1
 
 
 cdef int _run(Node* node, Py_ssize_t column, long long* fields, Py_ssize_t nfields, int64_t calls_done, int64_t g,

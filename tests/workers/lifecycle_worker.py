@@ -12,6 +12,8 @@ foreign   a failure that is not hfr's (MemoryError in the kernel) reaches Work.w
           whose __cause__ is the original; the communicator then refuses calls.
 race      a call that passed its checks just before close() ran is refused (HFRError), never "done"
           with the caller's own input.
+interrupt a signal handler that raises (Ctrl-C's KeyboardInterrupt) during a call waiting in C for a
+          peer that never comes ends the call at once with that exception, not after the timeout.
 """
 import os
 import sys
@@ -108,5 +110,21 @@ elif scenario == "race":
     comm._check_open = checks
     expect(hfr.HFRError, "closed", lambda: comm.allreduce(x))
     done()
+elif scenario == "interrupt":
+    import signal
+
+    comm = hfr.Communicator(world, timeout=60)
+    if rank == 0:
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        start = time.monotonic()
+        expect(KeyboardInterrupt, "", lambda: comm.allreduce(np.ones(10, np.float32)))
+        assert time.monotonic() - start < 5, f"the interrupt took {time.monotonic() - start:.1f} s"
+    done()
+    world.Barrier()
+    os._exit(0)
 else:
     raise SystemExit(f"unknown scenario {scenario}")
