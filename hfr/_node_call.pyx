@@ -14,6 +14,7 @@ Python builds the plain description below and turns the outcome into the Work's 
 the Python loop runs every other call (CUDA arrays, several chunks, several nodes).
 """
 from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc
 
 from hfr._kernels cimport Kind, copy_nogil, kernel_kind, op_code, reduce_nogil
 from hfr._spin cimport counters_reached
@@ -98,18 +99,19 @@ def run(size_t control, Py_ssize_t row_words, int local_size, int local_rank, do
     cdef Kind kind = kernel_kind(dtype, code)
     cdef Py_ssize_t itemsize = dtype.itemsize
     cdef Py_ssize_t nfields = len(descriptor)
-    cdef long long fields[8]
+    cdef long long fields[8]  # the engine's DESCRIPTOR_WORDS
     cdef Py_ssize_t i
     for i in range(nfields):
         fields[i] = descriptor[i]
-    cdef void* inputs[64]
-    if local_size > 64:
-        raise ValueError(f"{local_size} ranks a node: the one-chunk path reduces at most 64 inputs")
+    cdef void** inputs = <void**>malloc(local_size * sizeof(void*))
+    if inputs == NULL:
+        raise MemoryError()
     cdef int outcome
     with nogil:
         outcome = _run(&node, descriptor_column, fields, nfields, calls_done, g, <char*>stage_slots, slot_bytes,
                        collective, is_root, <char*>x, x_nbytes, x_at, <char*>out, out_nbytes, out_at, total_bytes,
                        lo, hi, kind, itemsize, code, divisor, threads, inputs)
+    free(inputs)
     if outcome == INTERRUPTED:
         raise_pending()
     return outcome

@@ -74,9 +74,12 @@ def _assert_no_shm_left(before: set) -> None:
 def test_ctrl_c_ends_the_job_and_tears_down_with_exit_130():
     _skip_without_testbed()
     shm_before = set(os.listdir("/dev/shm"))
+    # SIGINT as a terminal gives it: a suite started as a background job (`pytest &` in a script) has
+    # SIGINT ignored, which its children inherit, and Python then raises no KeyboardInterrupt.
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--hosts", "2", "--link", "100mbit",
                              "-b", "64M", "-e", "64M", "-n", "50", "--backends", "hfr"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while len(_ours(proc.pid)) < 3 and time.monotonic() < deadline and proc.poll() is None:
