@@ -54,7 +54,7 @@ from mpi4py import MPI
 
 cnp.import_array()
 
-__all__ = ["TreePipeline", "Doubling", "Ring", "BLOCKS_IN_FLIGHT"]
+__all__ = ["TreePipeline", "Doubling", "Ring", "ring_scratch_elements", "BLOCKS_IN_FLIGHT"]
 
 cdef enum:
     IN_FLIGHT = 4  # blocks per tree between two stages (with 1 MiB blocks 4 and 8 measured alike)
@@ -655,6 +655,17 @@ cdef int _combine_segment(RingState* r, Call* c, int segment) noexcept nogil:
     return 0
 
 
+def ring_pieces(Py_ssize_t first, Py_ssize_t size, Py_ssize_t granule, int n) -> int:
+    """The most granules of the slice [first, first + size) that one of n segments holds."""
+    granules = (first + size + granule - 1) // granule - first // granule
+    return (granules + n - 1) // n
+
+
+def ring_scratch_elements(Py_ssize_t first, Py_ssize_t size, Py_ssize_t granule, int n) -> int:
+    """Ring's scratch: room for the largest segment's elements."""
+    return min(ring_pieces(first, size, granule, n) * granule, size)
+
+
 cdef inline int _mod(int a, int n) noexcept nogil:
     return (a % n + n) % n
 
@@ -662,17 +673,19 @@ cdef inline int _mod(int a, int n) noexcept nogil:
 cdef bint _advance_ring(void* state, Call* c, bint* done) noexcept nogil:
     cdef RingState* r = <RingState*>state
     cdef bint moved = False, scatter
-    cdef int s
+    cdef int s, received
     while r.step < 2 * (r.n - 1):
         scatter = r.step < r.n - 1
         s = r.step if scatter else r.step - (r.n - 1)
-        if not r.posted:  # reduce-scatter: send segment rank - s, receive rank - s - 1; allgather one later
-            r.nrecvs = _post_segment(r, c, _mod(r.rank - s - 1 + (0 if scatter else 1), r.n), False, scatter)
-            r.nsends = _post_segment(r, c, _mod(r.rank - s + (0 if scatter else 1), r.n), True, False)
+        # reduce-scatter: send segment rank - s, receive rank - s - 1; allgather one segment later
+        received = _mod(r.rank - s - 1 + (0 if scatter else 1), r.n)
+        if not r.posted:
+            r.nrecvs = _post_segment(r, c, received, False, scatter)
+            r.nsends = _post_segment(r, c, _mod(received + 1, r.n), True, False)
             r.posted, moved = True, True
         if not (_all_tested(r.requests, r.nsends, c) and _all_tested(r.requests + r.room, r.nrecvs, c)):
             break
-        if scatter and _combine_segment(r, c, _mod(r.rank - s - 1, r.n)):
+        if scatter and _combine_segment(r, c, received):
             _failed(NO_MEMORY, c)
             break
         r.step, r.posted, moved = r.step + 1, False, True
@@ -689,17 +702,17 @@ cdef class Ring(Schedule):
                   int tag, Py_ssize_t first, Py_ssize_t granule):
         """scratch: room for the largest segment's elements; granule in elements."""
         cdef RingState* r = &self.ring
-        cdef Py_ssize_t granules
+        cdef Py_ssize_t need
         self.advance, self.state = _advance_ring, r
         r.requests = NULL
         r.rank, r.n = comm.Get_rank(), comm.Get_size()
         r.left, r.right = _mod(r.rank - 1, r.n), (r.rank + 1) % r.n
         r.first, r.size, r.granule = first, buf.shape[0], granule
         r.step, r.posted, r.tag, r.nsends, r.nrecvs = 0, False, tag, 0, 0
-        granules = (first + r.size + granule - 1) // granule - first // granule
-        r.room = <int>((granules + r.n - 1) // r.n)
-        if scratch.nbytes < r.room * granule * buf.itemsize and scratch.nbytes < buf.nbytes:
-            raise ValueError(f"scratch holds {scratch.nbytes} bytes, a segment up to {r.room * granule * buf.itemsize}")
+        r.room = <int>ring_pieces(first, r.size, granule, r.n)
+        need = ring_scratch_elements(first, r.size, granule, r.n) * buf.itemsize
+        if scratch.nbytes < need:
+            raise ValueError(f"scratch holds {scratch.nbytes} bytes, a segment up to {need}")
         r.theirs = <char*>cnp.PyArray_DATA(scratch)
         r.requests = <Request*>calloc(2 * max(1, r.room), sizeof(Request))
         if r.requests == NULL:

@@ -61,11 +61,8 @@ def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
     """x as an Array, or TypeError/ValueError naming the problem."""
     if isinstance(x, np.ndarray):
         kind, device, stream = "numpy", None, None
-        flags = x.flags
-        if writable and not flags.writeable:
+        if writable and not x.flags.writeable:
             raise ValueError(f"{name} is read-only: it cannot receive the result (pass out=)")
-        if not flags.c_contiguous:
-            raise ValueError(f"{name} is not C-contiguous (shape {x.shape}, strides {x.strides})")
     elif _is_torch(x):
         return _inspect_tensor(x, name, writable)
     elif _is_cupy(x):
@@ -74,10 +71,10 @@ def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
         with x.device:  # the current stream of x's device, whatever device is current
             stream = cupy.cuda.get_current_stream()
         kind, device = "cupy", x.device.id
-        if not x.flags.c_contiguous:
-            raise ValueError(f"{name} is not C-contiguous (shape {x.shape}, strides {x.strides})")
     else:
         raise TypeError(f"{name} must be a numpy.ndarray or cupy.ndarray (or a torch.Tensor), got {type(x).__name__}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} is not C-contiguous (shape {x.shape}, strides {x.strides})")
     dtype = as_dtype(x.dtype)
     return Array(x, x.reshape(-1), kind, device, dtype, tuple(x.shape), kind, stream, _address(x, kind))
 

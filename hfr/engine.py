@@ -347,7 +347,7 @@ class Engine:
             self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, self.timeout,
             self._descriptor_column(), tuple(mine), self._calls_done, g,
             self.segment.slot_address(g % STAGES, 0), self.segment.slot_bytes,
-            COLLECTIVES.index(call.collective), layout.rank == call.root,
+            mine[0], layout.rank == call.root,  # the descriptor's first field: the collective's code
             x.address, x.nbytes, x_at * size, out.address, out.nbytes, out_at * size,
             total * size, lo * size, hi * size, x.dtype, Op.SUM if avg else call.op, layout.size if avg else 1,
             self.threads)

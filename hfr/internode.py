@@ -50,7 +50,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ._internode import BLOCKS_IN_FLIGHT, Doubling, Ring, TreePipeline
+from ._internode import BLOCKS_IN_FLIGHT, Doubling, Ring, TreePipeline, ring_scratch_elements
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
 from .errors import HFRTimeoutError
 from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
@@ -334,9 +334,7 @@ def _run_ring(rail, buf, first, op, threads, deadline, what: str) -> None:
     RING_GRANULE_BYTES' elements) with g % n == k, so an element's segment, hence the order its n values
     are combined in, follows from its global index."""
     granule = max(1, RING_GRANULE_BYTES // buf.itemsize)
-    n = rail.Get_size()
-    granules = -(-(first + buf.size) // granule) - first // granule
-    scratch = _scratch("ring", min(-(-granules // n) * granule, buf.size) * buf.itemsize)
+    scratch = _scratch("ring", ring_scratch_elements(first, buf.size, granule, rail.Get_size()) * buf.itemsize)
     _run_in_c(rail, Ring(rail, buf, op, scratch, threads, _RING_TAG, first, granule), deadline, what)
 
 

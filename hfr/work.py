@@ -45,15 +45,18 @@ class Work:
 
     # Called by the progress thread.
     def _succeed(self) -> None:
+        self._finish()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._finish()
+
+    def _finish(self) -> None:
         with _EVENTS:
             self._finished = True
             event = self._event
         if event is not None:
             event.set()
-
-    def _fail(self, error: BaseException) -> None:
-        self._error = error
-        self._succeed()
 
 
 _EVENTS = threading.Lock()  # orders a Work's finishing against a waiter making its event

@@ -143,7 +143,7 @@ class MpiBackend:
         self.comm.Bcast([recv.view(np.uint8), MPI.BYTE], root=root)
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str, root: int) -> None:
-        if np.shares_memory(send, recv):  # recv is our shard of send: MPI's in place leaves it at send's start
+        if np.may_share_memory(send, recv):  # recv is our shard of send: MPI's in place leaves it at send's start
             self.comm.Reduce_scatter_block(MPI.IN_PLACE, send, op=self._OPS[op])
             np.copyto(recv, send[: recv.size])
         else:
@@ -151,7 +151,7 @@ class MpiBackend:
         _finish_avg(recv, op, self.comm.size)
 
     def allgather(self, send: np.ndarray, recv: np.ndarray, op: str, root: int) -> None:
-        self.comm.Allgather(MPI.IN_PLACE if np.shares_memory(send, recv) else send, recv)
+        self.comm.Allgather(MPI.IN_PLACE if np.may_share_memory(send, recv) else send, recv)
 
     def close(self) -> None:
         pass
