@@ -17,6 +17,8 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
 from hfr._kernels cimport Kind, copy_nogil, kernel_kind, op_code, reduce_nogil
+
+from hfr.ops import Op
 from hfr._spin cimport counters_reached
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_now, raise_pending, signal_raised
 
@@ -44,6 +46,7 @@ cpdef enum Protocol:
     REDUCED = 16
     CONSUMED = 24
     STAGES = 3
+    SLICE_ALIGN_BYTES = 64
 cpdef enum Collective:
     ALLREDUCE = 0
     REDUCE = 1
@@ -79,49 +82,78 @@ cdef inline void _publish(Node* node, Py_ssize_t column, int64_t value) noexcept
 
 
 cdef inline int _copy(char* dst, char* src, Py_ssize_t nbytes, int threads) noexcept nogil:
-    return nbytes > 0 and copy_nogil(dst, src, nbytes, threads)
+    """dst[:nbytes] = src[:nbytes] (nothing to do where they are the same bytes)."""
+    return nbytes > 0 and dst != src and copy_nogil(dst, src, nbytes, threads)
 
 
-def run(size_t control, Py_ssize_t row_words, int local_size, int local_rank, double timeout,
-        Py_ssize_t descriptor_column, tuple descriptor, int64_t calls_done, int64_t g,
-        size_t stage_slots, Py_ssize_t slot_bytes, int collective, bint is_root,
-        size_t x, Py_ssize_t x_nbytes, Py_ssize_t x_at, size_t out, Py_ssize_t out_nbytes, Py_ssize_t out_at,
-        Py_ssize_t total_bytes, Py_ssize_t lo, Py_ssize_t hi, object dtype, object op, Py_ssize_t divisor,
-        int threads) -> int:
-    """Run the call; returns its outcome. Byte offsets: x and out lie at x_at and out_at of the
-    total_bytes the chunk holds, our slice is [lo, hi); stage_slots is the stage's first input slot,
-    the others follow slot_bytes apart, the result slot last. op is an hfr.Op of the kernel's (SUM,
-    MAX, MIN, PROD); divisor (avg) divides the sum."""
+cdef inline Py_ssize_t _edge(Py_ssize_t count, int parts, int j, Py_ssize_t align) noexcept nogil:
+    """Where slice j of count elements in parts begins (engine.slice_bounds)."""
+    return count if j >= parts else (j * count // parts) // align * align
+
+
+cdef class NodeCall:
+    """This rank's view of its node's segment, made once by the engine; run() runs one call."""
     cdef Node node
-    node.control, node.row_words = <long long*>control, row_words
-    node.local_size, node.local_rank, node.timeout = local_size, local_rank, timeout
-    cdef int code = op_code(op)
-    cdef Kind kind = kernel_kind(dtype, code)
-    cdef Py_ssize_t itemsize = dtype.itemsize
-    cdef Py_ssize_t nfields = len(descriptor)
-    cdef long long fields[8]  # the engine's DESCRIPTOR_WORDS
-    cdef Py_ssize_t i
-    for i in range(nfields):
-        fields[i] = descriptor[i]
-    cdef void** inputs = <void**>malloc(local_size * sizeof(void*))
-    if inputs == NULL:
-        raise MemoryError()
-    cdef int outcome
-    with nogil:
-        outcome = _run(&node, descriptor_column, fields, nfields, calls_done, g, <char*>stage_slots, slot_bytes,
-                       collective, is_root, <char*>x, x_nbytes, x_at, <char*>out, out_nbytes, out_at, total_bytes,
-                       lo, hi, kind, itemsize, code, divisor, threads, inputs)
-    free(inputs)
-    if outcome == INTERRUPTED:
-        raise_pending()
-    return outcome
+    cdef char* stages  # stage 0's first input slot; a stage is local_size input slots, then the result slot
+    cdef Py_ssize_t stage_bytes, slot_bytes
+    cdef int size, rank, threads
+    cdef void** inputs  # the reduce's input pointers, one per local rank
+
+    def __cinit__(self, size_t control, Py_ssize_t row_words, int local_size, int local_rank, double timeout,
+                  size_t stages, Py_ssize_t stage_bytes, Py_ssize_t slot_bytes, int size, int rank, int threads):
+        self.node.control, self.node.row_words = <long long*>control, row_words
+        self.node.local_size, self.node.local_rank, self.node.timeout = local_size, local_rank, timeout
+        self.stages, self.stage_bytes, self.slot_bytes = <char*>stages, stage_bytes, slot_bytes
+        self.size, self.rank, self.threads = size, rank, threads
+        self.inputs = <void**>malloc(local_size * sizeof(void*))
+        if self.inputs == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.inputs)
+
+    def run(self, int collective, size_t x, Py_ssize_t x_count, size_t out, Py_ssize_t out_count, object dtype,
+            int dtype_code, object op, int op_code_on_wire, int root, Py_ssize_t descriptor_column,
+            int64_t calls_done, int64_t g, bint copy_out=True) -> int:
+        """Run the call on chunk g; returns its outcome. x and out are host addresses of x_count and
+        out_count elements of dtype (x may be our own input slot of the stage, where a caller copied
+        it); op is an hfr.Op, avg dividing the sum by the ranks. Its descriptor is (collective,
+        x_count, dtype_code, op_code_on_wire, root), written at descriptor_column. Without copy_out the
+        call ends once the node's result is final: the caller copies it out and publishes CONSUMED."""
+        cdef Py_ssize_t itemsize = dtype.itemsize
+        cdef bint avg = op is Op.AVG
+        cdef int code = op_code(Op.SUM if avg else op)
+        cdef Kind kind = kernel_kind(dtype, code)
+        cdef long long fields[5]
+        fields[0], fields[1], fields[2], fields[3], fields[4] = collective, x_count, dtype_code, op_code_on_wire, root
+        # x and out within the chunk's elements: an allgather cuts out's, the others x's
+        cdef Py_ssize_t total = out_count if collective == ALLGATHER else x_count
+        cdef Py_ssize_t x_at = self.rank * x_count if collective == ALLGATHER else 0
+        cdef Py_ssize_t out_at = self.rank * out_count if collective == REDUCE_SCATTER else 0
+        cdef Py_ssize_t align = max(SLICE_ALIGN_BYTES // itemsize, 1)
+        cdef Py_ssize_t lo = _edge(total, self.node.local_size, self.node.local_rank, align)
+        cdef Py_ssize_t hi = _edge(total, self.node.local_size, self.node.local_rank + 1, align)
+        cdef int outcome
+        with nogil:
+            outcome = _run(&self.node, descriptor_column, fields, 5, calls_done, g,
+                           self.stages + (g % STAGES) * self.stage_bytes, self.slot_bytes, collective,
+                           self.rank == root, <char*>x, x_count * itemsize, x_at * itemsize, <char*>out,
+                           out_count * itemsize, out_at * itemsize, total * itemsize, lo * itemsize, hi * itemsize,
+                           kind, itemsize, code, self.size if avg else 1, self.threads, self.inputs, copy_out)
+        if outcome == INTERRUPTED:
+            raise_pending()
+        return outcome
+
+    def publish_consumed(self, int64_t g) -> None:
+        """Say that chunk g's result has been copied out (after run without copy_out)."""
+        _publish(&self.node, CONSUMED, g + 1)
 
 
 cdef int _run(Node* node, Py_ssize_t column, long long* fields, Py_ssize_t nfields, int64_t calls_done, int64_t g,
               char* slots, Py_ssize_t slot_bytes, int collective, bint is_root,
               char* x, Py_ssize_t x_nbytes, Py_ssize_t x_at, char* out, Py_ssize_t out_nbytes, Py_ssize_t out_at,
               Py_ssize_t total, Py_ssize_t lo, Py_ssize_t hi, Kind kind, Py_ssize_t itemsize, int code,
-              Py_ssize_t divisor, int threads, void** inputs) noexcept nogil:
+              Py_ssize_t divisor, int threads, void** inputs, bint copy_out) noexcept nogil:
     cdef long long* row = node.control + node.local_rank * node.row_words
     cdef long long* other
     cdef char* own_slot = slots + node.local_rank * slot_bytes
@@ -180,6 +212,8 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, Py_ssize_t nfiel
     if waited != WAITED:
         return waited
     hfr_fence()
+    if not copy_out:
+        return DONE
     # copy out
     a, b = max(0, out_at), min(total, out_at + out_nbytes)
     if copies_out and a < b and _copy(out + a - out_at, result + a, b - a, threads):

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ._kernels import data_address
-from .ops import DTYPES, as_dtype
+from .ops import DTYPE_CODES, DTYPES, as_dtype
 
 __all__ = ["Array", "inspect", "check_out", "check_shards"]
 
@@ -33,14 +33,8 @@ class Array:
     library: str  # what the user passed: "numpy", "cupy" or "torch"
     stream: Any  # CUDA arrays: the cupy stream (or ExternalStream) the caller's work is queued on
     address: int  # of the first element, on the host or the device
-
-    @property
-    def size(self) -> int:
-        return self.flat.size
-
-    @property
-    def nbytes(self) -> int:
-        return self.flat.size * self.dtype.itemsize
+    size: int  # elements
+    nbytes: int
 
     def describe(self) -> str:
         where = "" if self.device is None else f" on CUDA device {self.device}"
@@ -60,9 +54,12 @@ def _is_torch(x: Any) -> bool:
 def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
     """x as an Array, or TypeError/ValueError naming the problem."""
     if isinstance(x, np.ndarray):
-        kind, device, stream = "numpy", None, None
-        if writable and not x.flags.writeable:
+        kind, device, stream, flags = "numpy", None, None, x.flags
+        if writable and not flags.writeable:
             raise ValueError(f"{name} is read-only: it cannot receive the result (pass out=)")
+        if flags.c_contiguous and x.dtype in DTYPE_CODES:  # the common case, in fewer steps
+            flat = x if x.ndim == 1 else x.reshape(-1)
+            return Array(x, flat, kind, None, x.dtype, x.shape, kind, None, data_address(x), x.size, x.nbytes)
     elif _is_torch(x):
         return _inspect_tensor(x, name, writable)
     elif _is_cupy(x):
@@ -76,7 +73,8 @@ def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
     if not x.flags.c_contiguous:
         raise ValueError(f"{name} is not C-contiguous (shape {x.shape}, strides {x.strides})")
     dtype = as_dtype(x.dtype)
-    return Array(x, x.reshape(-1), kind, device, dtype, tuple(x.shape), kind, stream, _address(x, kind))
+    return Array(x, x.reshape(-1), kind, device, dtype, tuple(x.shape), kind, stream, _address(x, kind), x.size,
+                 x.nbytes)
 
 
 def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
@@ -110,7 +108,8 @@ def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
         flat, kind, device, stream = np.from_dlpack(bits).reshape(-1).view(dtype), "numpy", None, None
     if writable:
         torch.autograd.graph.increment_version(t)
-    return Array(t, flat, kind, device, dtype, tuple(t.shape), "torch", stream, _address(flat, kind))
+    return Array(t, flat, kind, device, dtype, tuple(t.shape), "torch", stream, _address(flat, kind), flat.size,
+                 flat.size * dtype.itemsize)
 
 
 def _address(a: Any, kind: str) -> int:

@@ -98,7 +98,7 @@ class Communicator:
     # --- collectives ---------------------------------------------------------------------------
     def allreduce(self, x: Any, op: OpLike = "sum", out: Any = None) -> Any:
         """Reduce x over all ranks; every rank gets the result, in x or in out. Returns it."""
-        return self._submit("allreduce", x, out, op, root=0, receives=True, inline=True).wait()
+        return self._run("allreduce", x, out, op, root=0, receives=True)
 
     def allreduce_async(self, x: Any, op: OpLike = "sum", out: Any = None) -> Work:
         return self._submit("allreduce", x, out, op, root=0, receives=True)
@@ -106,7 +106,7 @@ class Communicator:
     def reduce(self, x: Any, root: int = 0, op: OpLike = "sum", out: Any = None) -> Any:
         """Reduce x over all ranks into x (or out) of rank root; the other ranks' arrays are untouched."""
         root = self._check_root(root)
-        return self._submit("reduce", x, out, op, root, receives=self.rank == root, inline=True).wait()
+        return self._run("reduce", x, out, op, root, receives=self.rank == root)
 
     def reduce_async(self, x: Any, root: int = 0, op: OpLike = "sum", out: Any = None) -> Work:
         root = self._check_root(root)
@@ -115,7 +115,7 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0) -> Any:
         """Copy x of rank root into x of every rank. Returns x."""
         root = self._check_root(root)
-        return self._submit("broadcast", x, None, Op.SUM, root, receives=self.rank != root, inline=True).wait()
+        return self._run("broadcast", x, None, Op.SUM, root, receives=self.rank != root)
 
     def broadcast_async(self, x: Any, root: int = 0) -> Work:
         root = self._check_root(root)
@@ -124,14 +124,14 @@ class Communicator:
     def reduce_scatter(self, x: Any, out: Any, op: OpLike = "sum") -> Any:
         """Reduce x (size * k elements) over all ranks; out (k elements) gets this rank's k of the result,
         rank r the elements [r * k, (r + 1) * k). Returns out."""
-        return self._submit("reduce_scatter", x, out, op, root=0, receives=True, inline=True).wait()
+        return self._run("reduce_scatter", x, out, op, root=0, receives=True)
 
     def reduce_scatter_async(self, x: Any, out: Any, op: OpLike = "sum") -> Work:
         return self._submit("reduce_scatter", x, out, op, root=0, receives=True)
 
     def allgather(self, x: Any, out: Any) -> Any:
         """Every rank's x (k elements) into out (size * k elements), in rank order. Returns out."""
-        return self._submit("allgather", x, out, Op.SUM, root=0, receives=True, inline=True).wait()
+        return self._run("allgather", x, out, Op.SUM, root=0, receives=True)
 
     def allgather_async(self, x: Any, out: Any) -> Work:
         return self._submit("allgather", x, out, Op.SUM, root=0, receives=True)
@@ -171,10 +171,24 @@ class Communicator:
         if self.closed:
             raise HFRError("the communicator is closed")
 
-    def _submit(self, collective: str, x: Any, out: Any, op: OpLike, root: int, receives: bool,
-                inline: bool = False) -> Work:
-        """Check the arguments, then hand the call to the engine (inline: the blocking forms, which
-        the engine may run on this thread)."""
+    def _run(self, collective: str, x: Any, out: Any, op: OpLike, root: int, receives: bool) -> Any:
+        """Check the arguments, run the call, return its result (the blocking forms)."""
+        call = self._call(collective, x, out, op, root, receives)
+        if self._engine is None:
+            return self._alone(call)
+        return self._engine.run(call)
+
+    def _submit(self, collective: str, x: Any, out: Any, op: OpLike, root: int, receives: bool) -> Work:
+        """Check the arguments, then hand the call to the engine's progress thread (the _async forms)."""
+        call = self._call(collective, x, out, op, root, receives)
+        if self._engine is None:
+            work = Work(lambda: call.describe(0), self._alone(call))
+            work._finish()
+            return work
+        return self._engine.submit(call)
+
+    def _call(self, collective: str, x: Any, out: Any, op: OpLike, root: int, receives: bool) -> Call:
+        """The call, its arguments checked (TypeError/ValueError/HFRError before anything is modified)."""
         self._check_open()
         xa = inspect(x, "x", writable=receives and out is None)
         if collective in ("reduce_scatter", "allgather"):
@@ -184,26 +198,26 @@ class Communicator:
         op = as_op(op)
         if op is Op.AVG and not is_float(xa.dtype):
             raise TypeError(f"op 'avg' needs a float dtype, x has {xa.dtype}")
+        ready = None
         if xa.kind == "cupy":
             if self._device is None:
                 self._device = xa.device
             if xa.device != self._device:
                 raise ValueError(f"x is on CUDA device {xa.device}, the communicator uses device {self._device}")
-        result = oa.obj if receives else xa.obj
-        work = Work(lambda: f"{collective} of {xa.size} {xa.dtype} on rank {self.rank}", result)
-        if self._layout.size == 1:  # one rank: the result is the input
-            if receives and oa.address != xa.address:
-                oa.flat[...] = xa.flat
-            work._succeed()
-            return work
-        return self._engine.submit(Call(collective, xa, oa, op, root, _ready_event(xa), work), inline=inline)
+            ready = _ready_event(xa)
+        return Call(collective, xa, oa, op, root, ready, oa.obj if receives else xa.obj)
+
+    @staticmethod
+    def _alone(call: Call) -> Any:
+        """A call of a communicator of one rank: the result is the input."""
+        if call.result is call.out.obj and call.out.address != call.x.address:
+            call.out.flat[...] = call.x.flat
+        return call.result
 
 
 def _ready_event(x: Array) -> Any:
     """For a CUDA array, an event on the caller's stream (CuPy's or torch's current one), made on x's
     device whatever device is current: the copies wait for it."""
-    if x.kind != "cupy":
-        return None
     import cupy
 
     with cupy.cuda.Device(x.device):

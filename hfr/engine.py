@@ -58,6 +58,8 @@ DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "reduce_scatter", "allgather")  # wire codes: append only
 SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
 SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are retired again
+_COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
+_NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
 
 
 @dataclass
@@ -70,12 +72,19 @@ class Call:
     op: Op  # SUM for broadcast and allgather, where it is unused
     root: int  # 0 where it is unused
     ready: Any  # CUDA event recorded on the caller's stream, or None
-    work: Work
+    result: Any  # what the call returns: the array that receives, in the caller's library
+
+    def describe(self, rank: int) -> str:
+        return f"{self.collective} of {self.x.size} {self.x.dtype} on rank {rank}"
 
     @property
     def elements(self) -> int:
         """The elements the chunks cut: the whole of an allgather's out, x's for the others."""
         return self.out.size if self.collective == "allgather" else self.x.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.out.nbytes if self.collective == "allgather" else self.x.nbytes
 
     def places(self, rank: int) -> tuple[int, int]:
         """Where x and out lie among the elements the chunks cut: a reduce_scatter copies out only this
@@ -85,8 +94,8 @@ class Call:
         return x_at, out_at
 
     def descriptor(self) -> list[int]:
-        op = -1 if self.collective in ("broadcast", "allgather") else op_code(self.op)
-        return [COLLECTIVES.index(self.collective), self.x.size, dtype_code(self.x.dtype), op, self.root]
+        code = _COLLECTIVE_CODES[self.collective]
+        return [code, self.x.size, dtype_code(self.x.dtype), -1 if code in _NO_OP else op_code(self.op), self.root]
 
 
 def slice_bounds(count: int, parts: int, part: int, align: int) -> tuple[int, int]:
@@ -109,6 +118,11 @@ class Engine:
         self.chunk_bytes, self.timeout, self.threads, self.algo = chunk_bytes, timeout, threads, algo
         self.segment = Segment(node_comm, chunk_bytes, STAGES)
         self._reduce = kernels.unchecked_reducer()  # our slots and slices are valid by construction
+        self._in_c = layout.nnodes == 1 and self._reduce is _kernels.reduce  # one-chunk host calls run in C
+        self._node_call = _node_call.NodeCall(
+            self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
+            self.segment.slot_address(0, 0), self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
+            layout.rank, threads)
         self.broken: Optional[BaseException] = None
         self._chunks_done = 0
         self._calls_done = 0
@@ -124,23 +138,39 @@ class Engine:
         self._thread.start()
 
     # --- the calling thread's side -------------------------------------------------------------
-    def submit(self, call: Call, *, inline: bool = False) -> Work:
-        """Queue the call for the progress thread; with inline, run a host-array call right here
-        when no other call is queued or running (it saves two thread hand-offs per call).
-        Raises HFRError once the communicator is closed or has failed."""
+    def submit(self, call: Call) -> Work:
+        """Queue the call for the progress thread. Raises HFRError once the communicator is closed or
+        has failed."""
+        self._admit(inline=False)
+        return self._enqueue(call)
+
+    def run(self, call: Call) -> Any:
+        """Run the call and return its result, raising its failure (as submit, then wait). A host-array
+        call runs right here when no other call is queued or running: two thread hand-offs fewer."""
+        if not self._admit(inline=call.x.kind == "numpy"):
+            return self._enqueue(call).wait()
+        error = self._execute(call)
+        if error is not None:
+            raise error
+        return call.result
+
+    def _admit(self, inline: bool) -> bool:
+        """Count a new call in (HFRError once closed or failed); True if it may run on the calling
+        thread: inline asked, and no other call is queued or running."""
         with self._order:
             if self._closed:
                 raise HFRError("the communicator is closed")
             if self.broken is not None:
                 raise HFRError(f"rank {self.layout.rank}: the communicator failed earlier and takes no more calls: "
                                f"{self.broken}")
-            inline = inline and call.x.kind == "numpy" and self._unfinished == 0
+            inline = inline and self._unfinished == 0
             self._unfinished += 1
-        if inline:
-            self._execute(call)
-        else:
-            self._queue.put(call)
-        return call.work
+        return inline
+
+    def _enqueue(self, call: Call) -> Work:
+        work = Work(lambda: call.describe(self.layout.rank), call.result)
+        self._queue.put((call, work))
+        return work
 
     def close(self) -> bool:
         """Refuse new calls, finish those already submitted, stop the thread; then free the segment
@@ -168,36 +198,36 @@ class Engine:
     def _serve(self) -> None:
         name_this_thread("hfr-progress")
         while True:
-            call = self._queue.get()
-            if call is None:
+            item = self._queue.get()
+            if item is None:
                 return
-            self._execute(call)
+            call, work = item
+            work._finish(self._execute(call))
 
-    def _execute(self, call: Call) -> None:
-        """Run one call, one at a time, and finish its Work. Any failure reaches the Work as an HFRError
-        (the original as its __cause__)."""
+    def _execute(self, call: Call) -> Optional[BaseException]:
+        """Run one call, one at a time. Returns its failure, if it failed: an HFRError (the original as
+        its __cause__), or the KeyboardInterrupt that ended it."""
+        error = None
         with self._running:
             if self.broken is not None:
-                call.work._fail(HFRError(f"rank {self.layout.rank}: the communicator failed earlier "
-                                         f"and takes no more calls: {self.broken}"))
+                error = HFRError(f"rank {self.layout.rank}: the communicator failed earlier and takes no more calls: "
+                                 f"{self.broken}")
             else:
                 try:
                     self._run(call)
-                    call.work._succeed()
-                except MismatchError as error:
-                    call.work._fail(error)
-                except BaseException as error:  # the peers' state is unknown now: refuse further calls
-                    wrap = isinstance(error, Exception) and not isinstance(error, HFRError)  # not KeyboardInterrupt
-                    self.broken = _as_hfr_error(error, call, self.layout) if wrap else error
-                    call.work._fail(self.broken)
+                except MismatchError as mismatch:
+                    error = mismatch
+                except BaseException as failure:  # the peers' state is unknown now: refuse further calls
+                    wrap = isinstance(failure, Exception) and not isinstance(failure, HFRError)  # not KeyboardInterrupt
+                    self.broken = error = _as_hfr_error(failure, call, self.layout) if wrap else failure
         with self._order:
             self._unfinished -= 1
+        return error
 
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
         # host calls of one chunk on one node run in C (hfr/_node_call.pyx), with the Cython kernel
-        if (self.layout.nnodes == 1 and call.x.kind == "numpy" and self._reduce is _kernels.reduce
-                and 0 < call.elements * call.x.dtype.itemsize <= self.chunk_bytes):
+        if self._in_c and call.x.kind == "numpy" and 0 < call.nbytes <= self.chunk_bytes:
             self._run_one_chunk_in_c(call)
             return
         with self._cuda_device(call.x):
@@ -336,23 +366,13 @@ class Engine:
 
     def _run_one_chunk_in_c(self, call: Call) -> None:
         """The steps of _run_chunks for its one chunk, on one node, with the GIL released throughout."""
-        layout, x, out = self.layout, call.x, call.out
-        size = x.dtype.itemsize
-        g, total = self._chunks_done, call.elements
-        lo, hi = slice_bounds(total, layout.local_size, layout.local_rank, SLICE_ALIGN_BYTES // size)
-        x_at, out_at = call.places(layout.rank)
-        avg = call.op is Op.AVG
-        mine = call.descriptor()
-        outcome = _node_call.run(
-            self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, self.timeout,
-            self._descriptor_column(), tuple(mine), self._calls_done, g,
-            self.segment.slot_address(g % STAGES, 0), self.segment.slot_bytes,
-            mine[0], layout.rank == call.root,  # the descriptor's first field: the collective's code
-            x.address, x.nbytes, x_at * size, out.address, out.nbytes, out_at * size,
-            total * size, lo * size, hi * size, x.dtype, Op.SUM if avg else call.op, layout.size if avg else 1,
-            self.threads)
+        x, out, g = call.x, call.out, self._chunks_done
+        code = _COLLECTIVE_CODES[call.collective]
+        outcome = self._node_call.run(code, x.address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype),
+                                      call.op, -1 if code in _NO_OP else op_code(call.op), call.root,
+                                      self._descriptor_column(), self._calls_done, g)
         if outcome != _node_call.Outcome.DONE:
-            self._one_chunk_failed(call, outcome, mine, g)
+            self._one_chunk_failed(call, outcome, call.descriptor(), g)
         self._calls_done += 1
         self._chunks_done = g + 1
 

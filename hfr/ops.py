@@ -7,7 +7,7 @@ from typing import Any, Union
 import ml_dtypes
 import numpy as np
 
-__all__ = ["Op", "OpLike", "DTYPES", "as_op", "as_dtype", "accumulation_dtype", "is_float", "dtype_code", "op_code"]
+__all__ = ["Op", "OpLike", "DTYPES", "DTYPE_CODES", "as_op", "as_dtype", "accumulation_dtype", "is_float", "dtype_code", "op_code"]
 
 
 class Op(str, enum.Enum):
@@ -27,7 +27,7 @@ DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(t)
     for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.int64)
 )
-_DTYPE_CODES = {dt: code for code, dt in enumerate(DTYPES)}
+DTYPE_CODES = {dt: code for code, dt in enumerate(DTYPES)}
 _OP_CODES = {op: code for code, op in enumerate(Op)}
 _HALF_TYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
@@ -63,7 +63,7 @@ def as_dtype(dtype: Any) -> np.dtype:
         dt = np.dtype(dtype)
     except TypeError:
         dt = None
-    if dt not in _DTYPE_CODES:
+    if dt not in DTYPE_CODES:
         names = ", ".join(d.name for d in DTYPES)
         raise TypeError(f"unsupported dtype {dtype!s}: hfr reduces {names}")
     return dt
@@ -80,7 +80,7 @@ def is_float(dtype: np.dtype) -> bool:
 
 
 def dtype_code(dtype: np.dtype) -> int:
-    return _DTYPE_CODES[dtype]
+    return DTYPE_CODES[dtype]
 
 
 def op_code(op: Op) -> int:

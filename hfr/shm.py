@@ -32,8 +32,8 @@ class Segment:
         self.slot_bytes = _round_up(max(slot_bytes, PAGE), PAGE)
         self.stages = stages
         control_bytes = _round_up(self.local_size * ROW_WORDS * 8, PAGE)
-        self._stage_bytes = (self.local_size + 1) * self.slot_bytes
-        total = control_bytes + stages * self._stage_bytes
+        self.stage_bytes = (self.local_size + 1) * self.slot_bytes
+        total = control_bytes + stages * self.stage_bytes
         # Local rank 0 allocates everything; the others map its memory.
         self._win = MPI.Win.Allocate_shared(total if node_comm.Get_rank() == 0 else 0, 1, comm=node_comm)
         buf, _ = self._win.Shared_query(0)
@@ -70,7 +70,7 @@ class Segment:
         return self.address + self._offset(stage, local_rank)
 
     def _offset(self, stage: int, local_rank: int) -> int:
-        return self._data + stage * self._stage_bytes + local_rank * self.slot_bytes
+        return self._data + stage * self.stage_bytes + local_rank * self.slot_bytes
 
     def result(self, stage: int) -> np.ndarray:
         """Result slot of stage, as bytes."""

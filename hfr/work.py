@@ -43,15 +43,9 @@ class Work:
         state = "failed" if self._error else "done" if self.done() else "pending"
         return f"<hfr.Work {self._describe()} {state}>"
 
-    # Called by the progress thread.
-    def _succeed(self) -> None:
-        self._finish()
-
-    def _fail(self, error: BaseException) -> None:
+    def _finish(self, error: Optional[BaseException] = None) -> None:
+        """Called once the collective has finished, with its failure if it failed."""
         self._error = error
-        self._finish()
-
-    def _finish(self) -> None:
         with _EVENTS:
             self._finished = True
             event = self._event

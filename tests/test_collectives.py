@@ -22,7 +22,7 @@ def test_the_c_path_numbers_the_protocol_as_the_engine():
 
     assert [c.name.lower() for c in _node_call.Collective] == list(engine.COLLECTIVES)
     assert [(w.name, int(w)) for w in _node_call.Protocol] == [
-        (name, getattr(engine, name)) for name in ("ANNOUNCED", "ARRIVED", "REDUCED", "CONSUMED", "STAGES")]
+        (name, getattr(engine, name)) for name in ("ANNOUNCED", "ARRIVED", "REDUCED", "CONSUMED", "STAGES", "SLICE_ALIGN_BYTES")]
 
 
 def test_calls_in_c_and_in_the_python_loop_work_together():

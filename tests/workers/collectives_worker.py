@@ -26,11 +26,10 @@ ops = [Op(o) for o in cfg.get("ops", [o.value for o in Op])]
 sizes = cfg.get("sizes", [0, 1, 7, 100003])
 collectives = cfg.get("collectives", ["allreduce", "reduce", "broadcast", "reduce_scatter", "allgather"])
 comms = [hfr.Communicator(world, local_size=cfg.get("local_size"), chunk_bytes=c) for c in cfg.get("chunk_bytes", [None])]
-if rank in cfg.get("python_loop_ranks", []):  # these ranks run every call through the engine's Python loop:
-    for comm in comms:  # a reducer that is not the Cython kernel's own function keeps calls out of C
+if rank in cfg.get("python_loop_ranks", []):  # these ranks run every call through the engine's Python loop
+    for comm in comms:
         if comm._engine is not None:
-            kernel = comm._engine._reduce
-            comm._engine._reduce = lambda *args, kernel=kernel: kernel(*args)
+            comm._engine._in_c = False
 POISON = 0x5A
 
 
