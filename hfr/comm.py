@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import kernels, settings, topology
-from .arrays import Array, check_out, check_shards, inspect
+from .arrays import check_out, check_shards, inspect
 from .engine import Call, Engine
 from .errors import HFRError, HFRTimeoutError
 from .ops import Op, OpLike, as_op, is_float
@@ -198,32 +198,29 @@ class Communicator:
         op = as_op(op)
         if op is Op.AVG and not is_float(xa.dtype):
             raise TypeError(f"op 'avg' needs a float dtype, x has {xa.dtype}")
-        ready = None
         if xa.kind == "cupy":
             if self._device is None:
                 self._device = xa.device
             if xa.device != self._device:
                 raise ValueError(f"x is on CUDA device {xa.device}, the communicator uses device {self._device}")
-            ready = _ready_event(xa)
-        return Call(collective, xa, oa, op, root, ready, oa.obj if receives else xa.obj)
+        return Call(collective, xa, oa, op, root, None, oa.obj if receives else xa.obj)
 
     @staticmethod
     def _alone(call: Call) -> Any:
-        """A call of a communicator of one rank: the result is the input."""
-        if call.result is call.out.obj and call.out.address != call.x.address:
-            call.out.flat[...] = call.x.flat
+        """A call of a communicator of one rank: the result is the input. A CUDA array's is in place when
+        the call returns, as with peers: after the work queued on the caller's stream before the call."""
+        x, out = call.x, call.out
+        copy = call.result is out.obj and out.address != x.address
+        if x.kind == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(x.device), x.stream:
+                if copy:
+                    out.flat[...] = x.flat
+            x.stream.synchronize()
+        elif copy:
+            out.flat[...] = x.flat
         return call.result
-
-
-def _ready_event(x: Array) -> Any:
-    """For a CUDA array, an event on the caller's stream (CuPy's or torch's current one), made on x's
-    device whatever device is current: the copies wait for it."""
-    import cupy
-
-    with cupy.cuda.Device(x.device):
-        event = cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(x.stream)
-    return event
 
 
 SETTINGS_RECORD_BYTES = 4096  # one rank's settings (or its error, cut to 500 characters) as UTF-8 JSON

@@ -11,11 +11,22 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["HostCopies", "CudaCopies", "finished"]
+__all__ = ["HostCopies", "CudaCopies", "finished", "caller_ready"]
 
 
 def finished(token: Any) -> bool:
     return token is None or token.done
+
+
+def caller_ready(stream: Any, device: int) -> Any:
+    """A CUDA event recorded on the caller's stream of device (CuPy's or torch's current one, a cupy
+    Stream or ExternalStream), made on that device whatever device is current: copies wait for it."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+    return event
 
 
 def _copy_with_threads():
@@ -35,7 +46,7 @@ class HostCopies:
         self.threads = threads
         self._copy = _copy_with_threads()
 
-    def begin(self, ready: Any) -> None:
+    def begin(self, ready: Any, caller: Any) -> None:
         pass
 
     def wait(self, token: Any) -> None:
@@ -64,11 +75,23 @@ class CudaCopies:
             self.to_host = cupy.cuda.Stream(non_blocking=True)
             self.to_device = cupy.cuda.Stream(non_blocking=True)
 
-    def begin(self, ready: Optional[Any]) -> None:
-        """Order the copies that follow after the event recorded on the caller's stream."""
-        if ready is not None:
-            self.to_host.wait_event(ready)
-            self.to_device.wait_event(ready)
+    def begin(self, ready: Optional[Any], caller: Any) -> None:
+        """Order the copies that follow after the event recorded on the caller's stream when the call was
+        queued; with none (a call run on the caller's thread), after the caller's stream as it is now."""
+        if ready is None:
+            ready = caller_ready(caller, self.device)
+        self.to_host.wait_event(ready)
+        self.to_device.wait_event(ready)
+
+    def stage(self, dst: int, src: int, nbytes: int, to_host: bool, caller: Optional[Any]) -> None:
+        """Copy nbytes between device and host, finished when it returns: on the caller's stream where
+        given (a call run on the caller's thread: in that stream's order, without an event), else on ours
+        (after begin())."""
+        stream = caller if caller is not None else self.to_host if to_host else self.to_device
+        runtime = self._cupy.cuda.runtime
+        runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice,
+                            stream.ptr)
+        stream.synchronize()
 
     def wait(self, token: Any) -> None:
         """Block until the copy of token has finished (the GIL is released meanwhile)."""

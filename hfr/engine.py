@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from . import _kernels, _node_call, internode, kernels
 from .arrays import Array
-from .copies import CudaCopies, HostCopies, finished
+from .copies import CudaCopies, HostCopies, caller_ready, finished
 from .errors import HFRError, HFRTimeoutError, MismatchError
 from .ops import DTYPES, Op, dtype_code, op_code
 from .shm import ROW_WORDS, Segment
@@ -60,6 +60,7 @@ SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write 
 SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are retired again
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
+_STAGED = ("allreduce", "reduce", "reduce_scatter")  # the CUDA calls that run in C: x whole in our input slot
 
 
 @dataclass
@@ -145,9 +146,9 @@ class Engine:
         return self._enqueue(call)
 
     def run(self, call: Call) -> Any:
-        """Run the call and return its result, raising its failure (as submit, then wait). A host-array
-        call runs right here when no other call is queued or running: two thread hand-offs fewer."""
-        if not self._admit(inline=call.x.kind == "numpy"):
+        """Run the call and return its result, raising its failure (as submit, then wait). It runs right
+        here when no other call is queued or running: two thread hand-offs fewer."""
+        if not self._admit(inline=True):
             return self._enqueue(call).wait()
         error = self._execute(call)
         if error is not None:
@@ -168,6 +169,8 @@ class Engine:
         return inline
 
     def _enqueue(self, call: Call) -> Work:
+        if call.x.kind == "cupy":  # the call runs later: its copies wait for the caller's work queued by now
+            call.ready = caller_ready(call.x.stream, call.x.device)
         work = Work(lambda: call.describe(self.layout.rank), call.result)
         self._queue.put((call, work))
         return work
@@ -226,14 +229,20 @@ class Engine:
 
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
-        # host calls of one chunk on one node run in C (hfr/_node_call.pyx), with the Cython kernel
-        if self._in_c and call.x.kind == "numpy" and 0 < call.nbytes <= self.chunk_bytes:
-            self._run_one_chunk_in_c(call)
+        x = call.x
+        # A call of one chunk on one node runs in C (hfr/_node_call.pyx), with the Cython kernel: a host
+        # array's straight, a CUDA array's staged whole in our input slot where it is reduced from there.
+        in_c = self._in_c and 0 < call.nbytes <= self.chunk_bytes and (x.kind == "numpy" or call.collective in _STAGED)
+        if in_c and x.kind == "numpy":
+            self._run_one_chunk_in_c(call, None)
             return
-        with self._cuda_device(call.x):
-            copies = self._copies(call.x)
+        with self._cuda_device(x):
+            copies = self._copies(x)
             try:
-                self._run_chunks(call, copies)
+                if in_c:
+                    self._run_one_chunk_in_c(call, copies)
+                else:
+                    self._run_chunks(call, copies)
             except MismatchError:
                 copies.drain()  # our copies into the segment still reading x end before the caller has it back
                 raise
@@ -242,7 +251,7 @@ class Engine:
         descriptor = self._announce(call)
         layout, segment = self.layout, self.segment
         x, out, root = call.x, call.out, call.root
-        copies.begin(call.ready)
+        copies.begin(call.ready, x.stream)
         itemsize = x.dtype.itemsize
         chunk_elems = self.chunk_bytes // itemsize
         total = call.elements
@@ -364,17 +373,33 @@ class Engine:
             copies.wait(self._copies_out[-1][1])  # copies out finish in order: the last one last
         self._chunks_done = base + nchunks
 
-    def _run_one_chunk_in_c(self, call: Call) -> None:
-        """The steps of _run_chunks for its one chunk, on one node, with the GIL released throughout."""
+    def _run_one_chunk_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
+        """The steps of _run_chunks for its one chunk g, on one node, with the GIL released throughout.
+        With copies (a CUDA array) x is copied whole into our input slot first and our part of the result
+        out after, each one copy, finished before the next step: on the caller's stream for a call run on
+        its thread, else on ours after the caller's ready event."""
         x, out, g = call.x, call.out, self._chunks_done
         code = _COLLECTIVE_CODES[call.collective]
-        outcome = self._node_call.run(code, x.address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype),
+        x_address = x.address
+        if copies is not None:
+            stage, caller = g % STAGES, x.stream if call.ready is None else None
+            if caller is None:
+                copies.begin(call.ready, x.stream)
+            x_address = self.segment.slot_address(stage, self.layout.local_rank)
+            copies.stage(x_address, x.address, x.nbytes, True, caller)
+        outcome = self._node_call.run(code, x_address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype),
                                       call.op, -1 if code in _NO_OP else op_code(call.op), call.root,
-                                      self._descriptor_column(), self._calls_done, g)
+                                      self._descriptor_column(), self._calls_done, g, copy_out=copies is None)
         if outcome != _node_call.Outcome.DONE:
             self._one_chunk_failed(call, outcome, call.descriptor(), g)
         self._calls_done += 1
         self._chunks_done = g + 1
+        if copies is not None:
+            if call.collective != "reduce" or self.layout.rank == call.root:
+                _, out_at = call.places(self.layout.rank)
+                result = self.segment.slot_address(stage, self.layout.local_size) + out_at * x.dtype.itemsize
+                copies.stage(out.address, result, out.nbytes, False, caller)
+            self._publish(CONSUMED, g + 1)
 
     def _one_chunk_failed(self, call: Call, outcome: int, mine: list[int], g: int) -> None:
         """Raise what the C path's outcome means, as the Python loop would have at the same step."""

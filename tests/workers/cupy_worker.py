@@ -96,11 +96,13 @@ for dtype in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int64)):
         comm.allgather_async(whole[rank * count : (rank + 1) * count], whole).wait(timeout=120)
         assert np.array_equal(cp.asnumpy(whole).view(np.uint8), want_ag.view(np.uint8)), f"allgather in place {dtype}"
 
-# A write queued on the caller's stream right before allreduce_async, behind slow work, is included.
-for stream in (cp.cuda.Stream(non_blocking=True), cp.cuda.Stream.null):
+# A write queued on the caller's stream right before allreduce_async, behind slow work, is included
+# (a call of one chunk, which runs in C, and one of several).
+for stream, count in ((cp.cuda.Stream(non_blocking=True), 8 << 20), (cp.cuda.Stream.null, 8 << 20),
+                      (cp.cuda.Stream(non_blocking=True), 1000), (cp.cuda.Stream.null, 1000)):
     with stream:
         a = cp.random.rand(4096, 4096, dtype=cp.float32)
-        x = cp.zeros(8 << 20, cp.float32)
+        x = cp.zeros(count, cp.float32)
         for _ in range(30):
             a = a @ a * 1e-3
         x += rank + 1
@@ -108,16 +110,33 @@ for stream in (cp.cuda.Stream(non_blocking=True), cp.cuda.Stream.null):
         y = work.wait(timeout=120)
     assert float(cp.asnumpy(y).min()) == float(cp.asnumpy(y).max()) == size * (size + 1) / 2
 
-# Made on x's device: every event and copy, also when the caller has another device current.
-with cp.cuda.Device(mine):
-    x = cp.full(3 << 20, rank + 1.0, cp.float32)
-if devices > 1:
-    cp.cuda.Device((mine + 1) % devices).use()
-seen.clear()
-comm.allreduce(x)
-assert float(x[-1].get()) == size * (size + 1) / 2
-assert (seen or size == 1) and all(current == mine and stream in (None, -1, mine) for _, current, stream in seen), seen
-cp.cuda.Device(mine).use()
+# Made on x's device: every event and copy, also when the caller has another device current (several
+# chunks, and one in C).
+for count in (3 << 20, 1000):
+    with cp.cuda.Device(mine):
+        x = cp.full(count, rank + 1.0, cp.float32)
+    if devices > 1:
+        cp.cuda.Device((mine + 1) % devices).use()
+    seen.clear()
+    comm.allreduce(x)
+    assert float(x[-1].get()) == size * (size + 1) / 2
+    assert (seen or size == 1) and all(current == mine and stream in (None, -1, mine) for _, current, stream in seen), seen
+    cp.cuda.Device(mine).use()
+
+# One-chunk calls in C beside a rank whose calls take the Python loop (rank 1): the same bits.
+mixed = hfr.Communicator(world, chunk_bytes=1 << 20)
+if rank == 1:
+    mixed._engine._in_c = False
+for collective, count in (("allreduce", 7), ("allreduce", 100003), ("reduce_scatter", 1001), ("reduce", 33)):
+    seed += 1
+    host = make_input(np.dtype(np.float32), Op.SUM, count * (size if collective == "reduce_scatter" else 1), seed)
+    shard = np.empty(count, np.float32) if collective == "reduce_scatter" else None
+    want = getattr(mixed, collective)(host.copy(), **({"out": shard} if shard is not None else {}))
+    x = cp.asarray(host)
+    got = getattr(mixed, collective)(x, **({"out": cp.full(count, 7, np.float32)} if shard is not None else {}))
+    if collective != "reduce" or rank == 0:
+        assert np.array_equal(cp.asnumpy(got).view(np.uint8), want.view(np.uint8)), f"mixed {collective} {count}"
+mixed.close()
 
 # Several in flight, reduce and broadcast.
 xs = [cp.full(300000 + i, rank + i, cp.float32) for i in range(4)]
