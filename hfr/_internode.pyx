@@ -60,11 +60,7 @@ cdef enum:
     IN_FLIGHT = 4  # blocks per tree between two stages (with 1 MiB blocks 4 and 8 measured alike)
     MAX_CHILDREN = 2
     STATUS_WORDS = 8  # room for any ABI's MPI_Status (20 to 32 bytes)
-    NO_MEMORY = -1  # Call.error when the kernel had no memory for its scratch tiles
-    INTERRUPTED = -2  # Call.error when a signal handler raised (Ctrl-C): run() raises its exception
     PART_BYTES = 1 << 30  # doubling's messages: a step's slice goes in parts of at most this (int counts)
-
-ctypedef uint64_t Request  # storage for one MPI_Request: an int (MPICH) or a pointer
 
 ctypedef int (*isend_fn)(const void* buf, int count, uintptr_t datatype, int dest, int tag, uintptr_t comm,
                          Request* request) noexcept nogil
@@ -97,17 +93,6 @@ def _bind_mpi() -> None:
 
 _bind_mpi()
 BLOCKS_IN_FLIGHT = IN_FLIGHT
-
-
-ctypedef struct Call:  # what every step of one call's schedule shares
-    char* buf
-    Py_ssize_t itemsize
-    Kind kind
-    int code  # the kernel's op
-    int threads
-    uintptr_t comm
-    uintptr_t byte  # MPI_BYTE
-    int error  # the first failing MPI call's error code, NO_MEMORY, or 0
 
 
 ctypedef struct Flow:  # one tree's blocks, moving up and/or down
@@ -246,11 +231,8 @@ cdef inline bint _done(Flow* f) noexcept nogil:
 
 # ---- polling --------------------------------------------------------------------------------------------
 
-ctypedef bint (*advance_fn)(void* state, Call* c, bint* done) noexcept nogil  # True if anything moved
-
-
-cdef bint _poll(advance_fn advance, void* state, Call* c, double deadline, double yield_s,
-                long sleep_ns) noexcept nogil:
+cdef bint poll(advance_fn advance, void* state, Call* c, double deadline, double yield_s,
+               long sleep_ns) noexcept nogil:
     """Advance until done (True), an MPI call fails (c.error), a signal handler raises (c.error
     INTERRUPTED) or deadline passes (False). After progress stops: sched_yield for yield_s, then nap
     sleep_ns between polls, looking at pending signals every HFR_SIGNAL_CHECK_S."""
@@ -281,11 +263,8 @@ cdef bint _poll(advance_fn advance, void* state, Call* c, double deadline, doubl
 
 cdef class Schedule:
     """What the C algorithms share: the call's buffers and MPI handles, polling, timeouts. After a
-    timeout, keep the object alive for good: it holds buf and the scratch, where MPI may still write."""
-    cdef Call call
-    cdef advance_fn advance
-    cdef void* state
-    cdef object buffers
+    timeout, keep the object alive for good: it holds buf and the scratch, where MPI may still write.
+    (Its C fields are declared in hfr/_internode.pxd.)"""
 
     def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, op, cnp.ndarray scratch not None, int threads,
                   *args):
@@ -305,14 +284,19 @@ cdef class Schedule:
         cdef bint done
         cdef long sleep_ns = <long>(sleep_s * 1e9)
         with nogil:
-            done = _poll(self.advance, self.state, &self.call, deadline, yield_s, sleep_ns)
+            done = poll(self.advance, self.state, &self.call, deadline, yield_s, sleep_ns)
         if self.call.error == INTERRUPTED:
             raise_pending()
+        self.raise_error()
+        return done
+
+    def raise_error(self) -> None:
+        """Raise what stopped the schedule, if an MPI call failed (MPI.Exception) or the kernel had no
+        memory (MemoryError); nothing if it finished or ran out of time."""
         if self.call.error == NO_MEMORY:
             raise MemoryError("hfr: no memory for the kernel's scratch tiles")
         if self.call.error:
             raise MPI.Exception(self.call.error)
-        return done
 
     cdef void _cancel(self, Request* request):
         """Cancel a pending receive and free it (MPI then completes it on its own, cancelled or not)."""

@@ -1,26 +1,33 @@
 # cython: language_level=3
-"""A call on one node whose elements fit in one chunk, for host arrays: the engine's protocol in C.
+"""A call whose elements fit in one chunk: the engine's protocol in C.
 
 The steps are those of the engine's chunk loop (hfr/engine.py, whose terms this uses) for its one
-chunk g, on stage g % STAGES, on one node, with the GIL released from the first step to the last:
+chunk g, on stage g % STAGES, with the GIL released from the first step to the last:
   announce   write the call's descriptor into our control row, then ANNOUNCED
   copy in    the parts of x the others reduce into our input slot (our own slice is read from x);
              broadcast's root and allgather's shards go to the result slot once it is free
-  check      wait until every rank has ANNOUNCED, compare the descriptors: a difference returns
-             before any other counter moves, so every rank's counters stay as they were
-  reduce     ARRIVED; our slice of the inputs into the result slot (avg divided there), then REDUCED
+  check      wait until every rank has ANNOUNCED, compare the descriptors; across nodes, vote on the
+             rail (a max-allreduce of every node's verdict and descriptor). A difference returns before
+             any other counter moves, so every rank's counters stay as they were
+  reduce     ARRIVED; our slice of the inputs into the result slot (avg divided there); across nodes,
+             the slice's allreduce over the rail; then REDUCED
   copy out   our part of the result slot into out, then CONSUMED
-Python builds the plain description below and turns the outcome into the Work's result or error;
-the Python loop runs every other call (CUDA arrays, several chunks, several nodes).
+Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx) and turns
+the outcome into the call's result or error. A CUDA array is staged in our input slot by the engine,
+which copies the result out itself. The Python loop runs every other call (several chunks, and across
+nodes broadcast, allgather and the algorithms other than doubling and halving).
 """
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
+from hfr._internode cimport INTERRUPTED as RAIL_INTERRUPTED
+from hfr._internode cimport Call as RailCall
+from hfr._internode cimport Schedule, advance_fn, poll
 from hfr._kernels cimport Kind, copy_nogil, kernel_kind, op_code, reduce_nogil
-
-from hfr.ops import Op
 from hfr._spin cimport counters_reached
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_now, raise_pending, signal_raised
+
+from hfr.ops import Op
 
 cdef extern from *:
     """
@@ -33,8 +40,10 @@ cdef extern from *:
     void hfr_publish(long long* p, long long v) nogil
     void hfr_fence() nogil
 
-cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the engine names it)
+cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the engine names it), a _STOPPED
+    # one a schedule on the rail that did not finish (the schedule says why)
     DONE, MISMATCH, NO_MEMORY, WAIT_CALL, WAIT_RESULT_SLOT, WAIT_ARRIVED, WAIT_PREVIOUS_RESULT, WAIT_REDUCED
+    VOTE_STOPPED, RAIL_STOPPED
 cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
     WAITED = -2  # a wait that reached its target
@@ -47,6 +56,7 @@ cpdef enum Protocol:
     CONSUMED = 24
     STAGES = 3
     SLICE_ALIGN_BYTES = 64
+    DESCRIPTOR_FIELDS = 5
 cpdef enum Collective:
     ALLREDUCE = 0
     REDUCE = 1
@@ -87,8 +97,33 @@ cdef inline int _copy(char* dst, char* src, Py_ssize_t nbytes, int threads) noex
 
 
 cdef inline Py_ssize_t _edge(Py_ssize_t count, int parts, int j, Py_ssize_t align) noexcept nogil:
-    """Where slice j of count elements in parts begins (engine.slice_bounds)."""
     return count if j >= parts else (j * count // parts) // align * align
+
+
+cpdef tuple slice_bounds(Py_ssize_t count, int parts, int part, Py_ssize_t align):
+    """Elements [lo, hi) of `count` that part `part` of `parts` owns; every bound but the last is a
+    multiple of align (the engine's slices of a chunk)."""
+    return _edge(count, parts, part, align), _edge(count, parts, part + 1, align)
+
+
+cdef struct Rail:  # a schedule of hfr/_internode.pyx over the rail, made in Python, polled here
+    advance_fn advance  # NULL: no schedule
+    void* state
+    RailCall* call
+
+
+cdef void _rail_of(Schedule schedule, Rail* rail):
+    rail.advance = NULL
+    if schedule is not None:
+        rail.advance, rail.state, rail.call = schedule.advance, schedule.state, &schedule.call
+
+
+cdef int _run_rail(Rail* rail, double timeout, double yield_s, long sleep_ns, int stopped) noexcept nogil:
+    """Poll the rail's schedule to its end: WAITED once done (or where there is none), INTERRUPTED if a
+    signal handler raised, else `stopped` (the timeout passed, an MPI call failed, no memory)."""
+    if rail.advance == NULL or poll(rail.advance, rail.state, rail.call, hfr_now() + timeout, yield_s, sleep_ns):
+        return WAITED
+    return INTERRUPTED if rail.call.error == RAIL_INTERRUPTED else stopped
 
 
 cdef class NodeCall:
@@ -97,14 +132,18 @@ cdef class NodeCall:
     cdef char* stages  # stage 0's first input slot; a stage is local_size input slots, then the result slot
     cdef Py_ssize_t stage_bytes, slot_bytes
     cdef int size, rank, threads
+    cdef double rail_yield_s  # polling the rail: sched_yield this long after progress stops,
+    cdef long rail_sleep_ns  # then nap this long between polls
     cdef void** inputs  # the reduce's input pointers, one per local rank
 
     def __cinit__(self, size_t control, Py_ssize_t row_words, int local_size, int local_rank, double timeout,
-                  size_t stages, Py_ssize_t stage_bytes, Py_ssize_t slot_bytes, int size, int rank, int threads):
+                  size_t stages, Py_ssize_t stage_bytes, Py_ssize_t slot_bytes, int size, int rank, int threads,
+                  double rail_yield_s, double rail_sleep_s):
         self.node.control, self.node.row_words = <long long*>control, row_words
         self.node.local_size, self.node.local_rank, self.node.timeout = local_size, local_rank, timeout
         self.stages, self.stage_bytes, self.slot_bytes = <char*>stages, stage_bytes, slot_bytes
         self.size, self.rank, self.threads = size, rank, threads
+        self.rail_yield_s, self.rail_sleep_ns = rail_yield_s, <long>(rail_sleep_s * 1e9)
         self.inputs = <void**>malloc(local_size * sizeof(void*))
         if self.inputs == NULL:
             raise MemoryError()
@@ -114,17 +153,19 @@ cdef class NodeCall:
 
     def run(self, int collective, size_t x, Py_ssize_t x_count, size_t out, Py_ssize_t out_count, object dtype,
             int dtype_code, object op, int op_code_on_wire, int root, Py_ssize_t descriptor_column,
-            int64_t calls_done, int64_t g, bint copy_out=True) -> int:
+            int64_t calls_done, int64_t g, bint copy_out=True, Schedule vote=None, Schedule rail=None) -> int:
         """Run the call on chunk g; returns its outcome. x and out are host addresses of x_count and
         out_count elements of dtype (x may be our own input slot of the stage, where a caller copied
         it); op is an hfr.Op, avg dividing the sum by the ranks. Its descriptor is (collective,
         x_count, dtype_code, op_code_on_wire, root), written at descriptor_column. Without copy_out the
-        call ends once the node's result is final: the caller copies it out and publishes CONSUMED."""
+        call ends once the result is final: the caller copies it out and publishes CONSUMED.
+        Across nodes, vote is the call check's doubling over 1 + 2 x 5 int64 that this fills, and rail
+        the allreduce of our slice of the result slot (None where the slice is empty)."""
         cdef Py_ssize_t itemsize = dtype.itemsize
         cdef bint avg = op is Op.AVG
         cdef int code = op_code(Op.SUM if avg else op)
         cdef Kind kind = kernel_kind(dtype, code)
-        cdef long long fields[5]
+        cdef long long fields[DESCRIPTOR_FIELDS]
         fields[0], fields[1], fields[2], fields[3], fields[4] = collective, x_count, dtype_code, op_code_on_wire, root
         # x and out within the chunk's elements: an allgather cuts out's, the others x's
         cdef Py_ssize_t total = out_count if collective == ALLGATHER else x_count
@@ -133,34 +174,37 @@ cdef class NodeCall:
         cdef Py_ssize_t align = max(SLICE_ALIGN_BYTES // itemsize, 1)
         cdef Py_ssize_t lo = _edge(total, self.node.local_size, self.node.local_rank, align)
         cdef Py_ssize_t hi = _edge(total, self.node.local_size, self.node.local_rank + 1, align)
+        cdef Rail vote_rail, data_rail
+        _rail_of(vote, &vote_rail)
+        _rail_of(rail, &data_rail)
         cdef int outcome
         with nogil:
-            outcome = _run(&self.node, descriptor_column, fields, 5, calls_done, g,
+            outcome = _run(&self.node, descriptor_column, fields, calls_done, g,
                            self.stages + (g % STAGES) * self.stage_bytes, self.slot_bytes, collective,
                            self.rank == root, <char*>x, x_count * itemsize, x_at * itemsize, <char*>out,
                            out_count * itemsize, out_at * itemsize, total * itemsize, lo * itemsize, hi * itemsize,
-                           kind, itemsize, code, self.size if avg else 1, self.threads, self.inputs, copy_out)
+                           kind, itemsize, code, self.size if avg else 1, self.threads, self.inputs, copy_out,
+                           &vote_rail, &data_rail, self.rail_yield_s, self.rail_sleep_ns)
         if outcome == INTERRUPTED:
             raise_pending()
         return outcome
 
-    def publish_consumed(self, int64_t g) -> None:
-        """Say that chunk g's result has been copied out (after run without copy_out)."""
-        _publish(&self.node, CONSUMED, g + 1)
 
-
-cdef int _run(Node* node, Py_ssize_t column, long long* fields, Py_ssize_t nfields, int64_t calls_done, int64_t g,
+cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_done, int64_t g,
               char* slots, Py_ssize_t slot_bytes, int collective, bint is_root,
               char* x, Py_ssize_t x_nbytes, Py_ssize_t x_at, char* out, Py_ssize_t out_nbytes, Py_ssize_t out_at,
               Py_ssize_t total, Py_ssize_t lo, Py_ssize_t hi, Kind kind, Py_ssize_t itemsize, int code,
-              Py_ssize_t divisor, int threads, void** inputs, bint copy_out) noexcept nogil:
+              Py_ssize_t divisor, int threads, void** inputs, bint copy_out, Rail* vote, Rail* rail,
+              double rail_yield_s, long rail_sleep_ns) noexcept nogil:
     cdef long long* row = node.control + node.local_rank * node.row_words
     cdef long long* other
+    cdef long long* votes
     cdef char* own_slot = slots + node.local_rank * slot_bytes
     cdef char* result = slots + node.local_size * slot_bytes
     cdef bint into_result = collective == BROADCAST or collective == ALLGATHER
     cdef bint deposits = collective != BROADCAST or is_root
     cdef bint copies_out = True
+    cdef bint differs = False
     cdef Py_ssize_t a, b, i
     cdef int j, waited
     if collective == REDUCE:
@@ -169,23 +213,36 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, Py_ssize_t nfiel
         copies_out = not (is_root and out == x)
 
     # announce
-    for i in range(nfields):
+    for i in range(DESCRIPTOR_FIELDS):
         row[column + i] = fields[i]
     _publish(node, ANNOUNCED, calls_done + 1)
     # copy in: what the others reduce (our own slice stays in x)
     if deposits and not into_result:
         if _copy(own_slot, x, lo, threads) or _copy(own_slot + hi, x + hi, total - hi, threads):
             return NO_MEMORY
-    # check
+    # check: the node's descriptors, then across nodes the vote (every node's verdict, and its descriptor
+    # as max(d) and max(-d): they are the same on every node where max(d) == -max(-d))
     waited = _wait_all(node, ANNOUNCED, calls_done + 1, WAIT_CALL)
     if waited != WAITED:
         return waited
     hfr_fence()
     for j in range(node.local_size):
         other = node.control + j * node.row_words + column
-        for i in range(nfields):
-            if other[i] != fields[i]:
-                return MISMATCH
+        for i in range(DESCRIPTOR_FIELDS):
+            differs = differs or other[i] != fields[i]
+    if vote.advance != NULL:
+        votes, other = <long long*>vote.call.buf, node.control + column  # local rank 0's descriptor
+        votes[0] = differs
+        for i in range(DESCRIPTOR_FIELDS):
+            votes[1 + i], votes[1 + DESCRIPTOR_FIELDS + i] = other[i], -other[i]
+        waited = _run_rail(vote, node.timeout, rail_yield_s, rail_sleep_ns, VOTE_STOPPED)
+        if waited != WAITED:
+            return waited
+        differs = votes[0] != 0
+        for i in range(DESCRIPTOR_FIELDS):
+            differs = differs or votes[1 + i] != -votes[1 + DESCRIPTOR_FIELDS + i]
+    if differs:
+        return MISMATCH
     if deposits and into_result:
         waited = _wait_all(node, CONSUMED, g - STAGES + 1, WAIT_RESULT_SLOT)
         if waited != WAITED:
@@ -207,6 +264,9 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, Py_ssize_t nfiel
         if reduce_nogil(kind, itemsize, result + lo, inputs, node.local_size, (hi - lo) // itemsize, code,
                         threads, divisor):
             return NO_MEMORY
+        waited = _run_rail(rail, node.timeout, rail_yield_s, rail_sleep_ns, RAIL_STOPPED)
+        if waited != WAITED:
+            return waited
     _publish(node, REDUCED, g + 1)
     waited = _wait_all(node, REDUCED, g + 1, WAIT_REDUCED)
     if waited != WAITED:

@@ -32,6 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _kernels, _node_call, internode, kernels
+from ._node_call import slice_bounds
 from .arrays import Array
 from .copies import CudaCopies, HostCopies, caller_ready, finished
 from .errors import HFRError, HFRTimeoutError, MismatchError
@@ -61,6 +62,7 @@ SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are ret
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
 _STAGED = ("allreduce", "reduce", "reduce_scatter")  # the CUDA calls that run in C: x whole in our input slot
+_RAIL_IN_C = ("doubling", "halving")  # the inter-node algorithms a call in C polls (hfr/_internode.pyx's Doubling)
 
 
 @dataclass
@@ -99,16 +101,6 @@ class Call:
         return [code, self.x.size, dtype_code(self.x.dtype), -1 if code in _NO_OP else op_code(self.op), self.root]
 
 
-def slice_bounds(count: int, parts: int, part: int, align: int) -> tuple[int, int]:
-    """Elements [lo, hi) of `count` that part `part` of `parts` owns; every bound but the last is
-    a multiple of align."""
-
-    def edge(j: int) -> int:
-        return count if j >= parts else (j * count // parts) // align * align
-
-    return edge(part), edge(part + 1)
-
-
 class Engine:
     """Owns the segment and the progress thread; runs the calls submitted to it, in order."""
 
@@ -119,11 +111,11 @@ class Engine:
         self.chunk_bytes, self.timeout, self.threads, self.algo = chunk_bytes, timeout, threads, algo
         self.segment = Segment(node_comm, chunk_bytes, STAGES)
         self._reduce = kernels.unchecked_reducer()  # our slots and slices are valid by construction
-        self._in_c = layout.nnodes == 1 and self._reduce is _kernels.reduce  # one-chunk host calls run in C
+        self._in_c = self._reduce is _kernels.reduce  # calls of one chunk run in C (_run says which)
         self._node_call = _node_call.NodeCall(
             self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
             self.segment.slot_address(0, 0), self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
-            layout.rank, threads)
+            layout.rank, threads, internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
         self.broken: Optional[BaseException] = None
         self._chunks_done = 0
         self._calls_done = 0
@@ -230,9 +222,12 @@ class Engine:
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
         x = call.x
-        # A call of one chunk on one node runs in C (hfr/_node_call.pyx), with the Cython kernel: a host
-        # array's straight, a CUDA array's staged whole in our input slot where it is reduced from there.
-        in_c = self._in_c and 0 < call.nbytes <= self.chunk_bytes and (x.kind == "numpy" or call.collective in _STAGED)
+        # A call of one chunk runs in C (hfr/_node_call.pyx), with the Cython kernel: a host array's
+        # straight, a CUDA array's staged whole in our input slot where it is reduced from there; across
+        # nodes those that reduce (_STAGED), with the rail's schedule in C too (_RAIL_IN_C).
+        in_c = self._in_c and 0 < call.nbytes <= self.chunk_bytes and (
+            call.collective in _STAGED and (self.layout.nnodes == 1 or self._algo_for(call) in _RAIL_IN_C)
+            or x.kind == "numpy" and self.layout.nnodes == 1)
         if in_c and x.kind == "numpy":
             self._run_one_chunk_in_c(call, None)
             return
@@ -387,11 +382,19 @@ class Engine:
                 copies.begin(call.ready, x.stream)
             x_address = self.segment.slot_address(stage, self.layout.local_rank)
             copies.stage(x_address, x.address, x.nbytes, True, caller)
-        outcome = self._node_call.run(code, x_address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype),
-                                      call.op, -1 if code in _NO_OP else op_code(call.op), call.root,
-                                      self._descriptor_column(), self._calls_done, g, copy_out=copies is None)
+        vote = rail = None
+        if self.layout.nnodes > 1:
+            vote, rail = self._rail_schedules(call, g % STAGES)
+        try:
+            outcome = self._node_call.run(
+                code, x_address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype), call.op,
+                -1 if code in _NO_OP else op_code(call.op), call.root, self._descriptor_column(), self._calls_done, g,
+                copy_out=copies is None, vote=vote, rail=rail)
+        except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
+            internode.abandon(vote, rail)
+            raise
         if outcome != _node_call.Outcome.DONE:
-            self._one_chunk_failed(call, outcome, call.descriptor(), g)
+            self._one_chunk_failed(call, outcome, call.descriptor(), g, vote, rail)
         self._calls_done += 1
         self._chunks_done = g + 1
         if copies is not None:
@@ -401,13 +404,35 @@ class Engine:
                 copies.stage(out.address, result, out.nbytes, False, caller)
             self._publish(CONSUMED, g + 1)
 
-    def _one_chunk_failed(self, call: Call, outcome: int, mine: list[int], g: int) -> None:
+    def _rail_schedules(self, call: Call, stage: int) -> tuple:
+        """The call check's vote and the allreduce of our slice of the result slot over the rail (None
+        where the slice is empty), for the call in C to poll."""
+        x = call.x
+        votes = np.empty(1 + 2 * len(DESCRIPTOR_FIELDS), np.int64)  # filled in C
+        vote = internode.vote_schedule(self.rail_comm, votes)
+        size = x.dtype.itemsize
+        lo, hi = slice_bounds(call.elements, self.layout.local_size, self.layout.local_rank, SLICE_ALIGN_BYTES // size)
+        if lo == hi:
+            return vote, None
+        result = self.segment.result(stage)[lo * size : hi * size].view(x.dtype)
+        op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
+        return vote, internode.doubling(self.rail_comm, result, op, self.threads,
+                                        halving=self._algo_for(call) == "halving")
+
+    def _one_chunk_failed(self, call: Call, outcome: int, mine: list[int], g: int, vote, rail) -> None:
         """Raise what the C path's outcome means, as the Python loop would have at the same step."""
         Outcome = _node_call.Outcome
         if outcome == Outcome.WAIT_CALL:
             raise self._timed_out(f"{call.collective}: the node's ranks to make the call",
                                   self._laggards(ANNOUNCED, self._calls_done + 1))
         self._calls_done += 1  # the check passed the ANNOUNCED wait, as _check counts it
+        if outcome == Outcome.VOTE_STOPPED:
+            try:
+                internode.stopped(self.rail_comm, vote, internode.VOTE_WHAT)
+            except HFRTimeoutError as error:
+                raise self._vote_timed_out(error) from None
+        if outcome == Outcome.RAIL_STOPPED:
+            internode.stopped(self.rail_comm, rail, f"allreduce ({self._algo_for(call)})")
         if outcome == Outcome.MISMATCH:
             self._raise_mismatch(mine)
         if outcome == Outcome.NO_MEMORY:
@@ -479,9 +504,7 @@ class Engine:
                 try:
                     internode.vote(self.rail_comm, votes, deadline=time.monotonic() + self.timeout)
                 except HFRTimeoutError as error:
-                    layout = self.layout
-                    raise HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "
-                                          f"waited {self.timeout:g} s for the call check ({error})") from None
+                    raise self._vote_timed_out(error) from None
                 n = len(mine)
                 mismatch = bool(votes[0]) or bool((votes[1 : 1 + n] != -votes[1 + n :]).any())
             if mismatch:
@@ -490,6 +513,11 @@ class Engine:
         if differs:  # this node's ranks disagree on the chunks to come: settle before any chunk wait
             settle()
         return settle
+
+    def _vote_timed_out(self, error: HFRTimeoutError) -> HFRTimeoutError:
+        layout = self.layout
+        return HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "
+                               f"waited {self.timeout:g} s for the call check ({error})")
 
     def _raise_mismatch(self, mine: list[int]) -> None:
         """Gather every rank's descriptor and raise MismatchError naming what differs (every rank calls it)."""

@@ -45,7 +45,7 @@ import math
 import os
 import threading
 import time
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, NoReturn, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -56,7 +56,8 @@ from .errors import HFRTimeoutError
 from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
-__all__ = ["allreduce", "reduce", "broadcast", "vote", "choose_algo", "ALGOS", "TREE_GRANULE_BYTES",
+__all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "doubling", "stopped", "abandon", "choose_algo",
+           "VOTE_WHAT", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
            "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
 
@@ -285,34 +286,62 @@ def _run_in_c(rail: MPI.Comm, schedule, deadline: Optional[float], what: str) ->
     try:
         done = schedule.run(math.inf if deadline is None else deadline, YIELD_POLL_S, POLL_SLEEP_S)
     except BaseException:
-        _abandon(schedule)
+        abandon(schedule)
         raise
     if not done:
-        waits = "; ".join(schedule.waiting_for())
-        _abandon(schedule)
-        raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
+        stopped(rail, schedule, what)
 
 
-def _abandon(schedule) -> None:
-    schedule.abandon()
-    _ABANDONED.append(schedule)
-    _SCRATCH.__dict__.pop("buffers", None)
+def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
+    """Abandon a schedule that did not finish and raise why: its MPI error (MPI.Exception), MemoryError,
+    or HFRTimeoutError naming what it waits for."""
+    try:
+        schedule.raise_error()
+    except BaseException:
+        abandon(schedule)
+        raise
+    waits = "; ".join(schedule.waiting_for())
+    abandon(schedule)
+    raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
+
+
+def abandon(*schedules) -> None:
+    """Cancel the receives the schedules (None: none) still have posted and keep them for good."""
+    for schedule in schedules:
+        if schedule is not None:
+            schedule.abandon()
+            _ABANDONED.append(schedule)
+            _SCRATCH.__dict__.pop("buffers", None)
 
 
 # ---------------------------------------------------------------------------------------- doubling
 
 
-def _run_doubling(rail, buf, op, threads, deadline, *, halving: bool, tag: int = _DOUBLING_TAG,
-                  what: Optional[str] = None) -> None:
-    schedule = Doubling(rail, buf, op, _scratch("doubling", buf.nbytes), threads, tag, halving)
-    _run_in_c(rail, schedule, deadline, what or f"allreduce ({'halving' if halving else 'doubling'})")
+def doubling(rail: MPI.Comm, buf: np.ndarray, op: Op, threads: int, *, halving: bool = False,
+             tag: int = _DOUBLING_TAG) -> Doubling:
+    """The schedule of one allreduce of buf by doubling (or halving), to run with _run_in_c or to poll
+    in C (hfr/_node_call.pyx)."""
+    return Doubling(rail, buf, op, _scratch("doubling", buf.nbytes), threads, tag, halving)
+
+
+def _run_doubling(rail, buf, op, threads, deadline, *, halving: bool) -> None:
+    _run_in_c(rail, doubling(rail, buf, op, threads, halving=halving), deadline,
+              f"allreduce ({'halving' if halving else 'doubling'})")
+
+
+VOTE_WHAT = "the call check's vote"
+
+
+def vote_schedule(rail: MPI.Comm, votes: np.ndarray) -> Doubling:
+    """The schedule of the call check's vote: votes = their elementwise max over the rail, in place (int64;
+    a doubling on a tag of its own, so that messages a failed data step left behind can never match it)."""
+    return doubling(rail, votes, Op.MAX, 1, tag=_VOTE_TAG)
 
 
 def vote(rail: MPI.Comm, votes: np.ndarray, deadline: Optional[float]) -> None:
-    """votes = their elementwise max over the rail, in place (int64; a doubling on a tag of its own, so
-    that messages a failed data step left behind can never match it)."""
+    """Run the call check's vote (vote_schedule)."""
     if rail.Get_size() > 1:
-        _run_doubling(rail, votes, Op.MAX, 1, deadline, halving=False, tag=_VOTE_TAG, what="the call check's vote")
+        _run_in_c(rail, vote_schedule(rail, votes), deadline, VOTE_WHAT)
 
 
 # ---------------------------------------------------------------------------------------- gather

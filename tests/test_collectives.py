@@ -22,15 +22,18 @@ def test_the_c_path_numbers_the_protocol_as_the_engine():
 
     assert [c.name.lower() for c in _node_call.Collective] == list(engine.COLLECTIVES)
     assert [(w.name, int(w)) for w in _node_call.Protocol] == [
-        (name, getattr(engine, name)) for name in ("ANNOUNCED", "ARRIVED", "REDUCED", "CONSUMED", "STAGES", "SLICE_ALIGN_BYTES")]
+        (name, getattr(engine, name)) for name in ("ANNOUNCED", "ARRIVED", "REDUCED", "CONSUMED", "STAGES", "SLICE_ALIGN_BYTES")
+    ] + [("DESCRIPTOR_FIELDS", len(engine.DESCRIPTOR_FIELDS))]
 
 
-def test_calls_in_c_and_in_the_python_loop_work_together():
-    """One-chunk host calls on one node run in C (hfr/_node_call.pyx); with rank 1 taking the Python loop
-    for all of them, every collective still gives the slot-order bits, calls after calls."""
-    cfg = {"chunk_bytes": [4096, 1 << 20], "sizes": [1, 7, 3001], "dtypes": ["float32", "bfloat16", "int8"],
-           "python_loop_ranks": [1]}
-    assert "collectives ok" in run_mpi(3, "collectives_worker.py", json.dumps(cfg), timeout=240).stdout
+@pytest.mark.parametrize("nprocs,local_size", [(3, None), (4, 2), (3, 1)])
+def test_calls_in_c_and_in_the_python_loop_work_together(nprocs, local_size):
+    """One-chunk calls run in C (hfr/_node_call.pyx; across nodes those that reduce, with doubling or
+    halving on the rail); with rank 1 taking the Python loop for all of them, every collective still gives
+    the slot-order bits, calls after calls, on one node and across nodes."""
+    cfg = {"chunk_bytes": [4096, 1 << 20], "sizes": [1, 7, 3001, 70001], "dtypes": ["float32", "bfloat16", "int8"],
+           "python_loop_ranks": [1], "local_size": local_size}
+    assert "collectives ok" in run_mpi(nprocs, "collectives_worker.py", json.dumps(cfg), timeout=240).stdout
 
 
 @pytest.mark.parametrize("algo", ["dbtree", "doubling", "halving", "gather", "ring", "mpi"])

@@ -126,7 +126,7 @@ def test_calls_after_mismatches_are_right_on_every_layout(nprocs, local_size):
 
 
 TIMEOUTS = [(3, None, "allreduce"), (3, 1, "allreduce"), (4, 2, "allreduce"), (4, 2, "reduce_scatter"),
-            (3, 1, "allgather")]
+            (3, 1, "allgather"), (2, 1, "rail"), (3, 1, "rail")]
 
 
 @pytest.mark.parametrize("nprocs,local_size,collective", TIMEOUTS, ids=[f"{n}ranks-local{l}-{c}" for n, l, c in TIMEOUTS])

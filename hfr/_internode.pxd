@@ -1,0 +1,33 @@
+# The C entry of hfr/_internode.pyx, for other extensions (hfr/_node_call.pyx polls a schedule made in
+# Python, with the GIL released, between the node's steps).
+from libc.stdint cimport uint64_t, uintptr_t
+
+from hfr._kernels cimport Kind
+
+cdef enum:
+    NO_MEMORY = -1  # Call.error when the kernel had no memory for its scratch tiles
+    INTERRUPTED = -2  # Call.error when a signal handler raised (Ctrl-C): its exception is left set
+
+ctypedef uint64_t Request  # storage for one MPI_Request: an int (MPICH) or a pointer
+
+ctypedef struct Call:  # what every step of one call's schedule shares
+    char* buf
+    Py_ssize_t itemsize
+    Kind kind
+    int code  # the kernel's op
+    int threads
+    uintptr_t comm
+    uintptr_t byte  # MPI_BYTE
+    int error  # the first failing MPI call's error code, NO_MEMORY, INTERRUPTED, or 0
+
+ctypedef bint (*advance_fn)(void* state, Call* c, bint* done) noexcept nogil  # True if anything moved
+
+cdef bint poll(advance_fn advance, void* state, Call* c, double deadline, double yield_s,
+               long sleep_ns) noexcept nogil
+
+cdef class Schedule:
+    cdef Call call
+    cdef advance_fn advance
+    cdef void* state
+    cdef object buffers
+    cdef void _cancel(self, Request* request)
