@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 from . import kernels, settings, topology
 from .arrays import check_out, check_shards, inspect
+from .copies import caller_ready
 from .engine import Call, Engine
 from .errors import HFRError, HFRTimeoutError
 from .ops import Op, OpLike, as_op, is_float
@@ -182,7 +183,9 @@ class Communicator:
         """Check the arguments, then hand the call to the engine's progress thread (the _async forms)."""
         call = self._call(collective, x, out, op, root, receives)
         if self._engine is None:
-            work = Work(lambda: call.describe(0), self._alone(call))
+            result = self._alone(call, wait=False)
+            ready = caller_ready(call.x.stream, call.x.device) if call.x.kind == "cupy" else None
+            work = Work(lambda: call.describe(0), result, ready)
             work._finish()
             return work
         return self._engine.submit(call)
@@ -206,9 +209,10 @@ class Communicator:
         return Call(collective, xa, oa, op, root, None, oa.obj if receives else xa.obj)
 
     @staticmethod
-    def _alone(call: Call) -> Any:
-        """A call of a communicator of one rank: the result is the input. A CUDA array's is in place when
-        the call returns, as with peers: after the work queued on the caller's stream before the call."""
+    def _alone(call: Call, wait: bool = True) -> Any:
+        """A call of a communicator of one rank: the result is the input. A CUDA array's is final, as with
+        peers, once the work queued on the caller's stream before the call has run: the blocking forms
+        wait for that here (the async forms' Work waits for an event recorded after it)."""
         x, out = call.x, call.out
         copy = call.result is out.obj and out.address != x.address
         if x.kind == "cupy":
@@ -217,7 +221,8 @@ class Communicator:
             with cupy.cuda.Device(x.device), x.stream:
                 if copy:
                     out.flat[...] = x.flat
-            x.stream.synchronize()
+            if wait:
+                x.stream.synchronize()
         elif copy:
             out.flat[...] = x.flat
         return call.result

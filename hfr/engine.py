@@ -124,6 +124,7 @@ class Engine:
         self._copies_out: deque = deque()  # (sequence number, token) of copies out not yet CONSUMED
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._order = threading.Lock()  # guards _unfinished (calls submitted and not yet finished) and _closed
+        self._idle = threading.Condition(self._order)  # notified when a call finishes
         self._unfinished = 0
         self._closed = False
         self._running = threading.Lock()  # held while a call runs, on whichever thread
@@ -161,11 +162,22 @@ class Engine:
         return inline
 
     def _enqueue(self, call: Call) -> Work:
-        if call.x.kind == "cupy":  # the call runs later: its copies wait for the caller's work queued by now
-            call.ready = caller_ready(call.x.stream, call.x.device)
+        """Queue an admitted call (undoing its admission if that fails)."""
+        try:
+            if call.x.kind == "cupy":  # the call runs later: its copies wait for the caller's work queued by now
+                call.ready = caller_ready(call.x.stream, call.x.device)
+        except BaseException:
+            self._leave()
+            raise
         work = Work(lambda: call.describe(self.layout.rank), call.result)
         self._queue.put((call, work))
         return work
+
+    def _leave(self) -> None:
+        """Count a call out: finished, or never run."""
+        with self._order:
+            self._unfinished -= 1
+            self._idle.notify_all()
 
     def close(self) -> bool:
         """Refuse new calls, finish those already submitted, stop the thread; then free the segment
@@ -175,6 +187,8 @@ class Engine:
             self._closed = True
         self._queue.put(None)
         self._thread.join()
+        with self._order:  # blocking calls still running on their callers' threads finish first
+            self._idle.wait_for(lambda: self._unfinished == 0)
         # Each rank says how it closes in its control row, so a healthy rank never enters the window's
         # collective free beside a peer that failed (and skips it), nor waits for one past the timeout.
         self._publish(CLOSING, HEALTHY if self.broken is None else BROKEN)
@@ -203,20 +217,21 @@ class Engine:
         """Run one call, one at a time. Returns its failure, if it failed: an HFRError (the original as
         its __cause__), or the KeyboardInterrupt that ended it."""
         error = None
-        with self._running:
-            if self.broken is not None:
-                error = HFRError(f"rank {self.layout.rank}: the communicator failed earlier and takes no more calls: "
-                                 f"{self.broken}")
-            else:
-                try:
-                    self._run(call)
-                except MismatchError as mismatch:
-                    error = mismatch
-                except BaseException as failure:  # the peers' state is unknown now: refuse further calls
-                    wrap = isinstance(failure, Exception) and not isinstance(failure, HFRError)  # not KeyboardInterrupt
-                    self.broken = error = _as_hfr_error(failure, call, self.layout) if wrap else failure
-        with self._order:
-            self._unfinished -= 1
+        try:
+            with self._running:
+                if self.broken is not None:
+                    error = HFRError(f"rank {self.layout.rank}: the communicator failed earlier and takes no more "
+                                     f"calls: {self.broken}")
+                else:
+                    try:
+                        self._run(call)
+                    except MismatchError as mismatch:
+                        error = mismatch
+                    except BaseException as failure:  # the peers' state is unknown now: refuse further calls
+                        wrap = isinstance(failure, Exception) and not isinstance(failure, HFRError)  # not Ctrl-C
+                        self.broken = error = _as_hfr_error(failure, call, self.layout) if wrap else failure
+        finally:
+            self._leave()
         return error
 
     def _run(self, call: Call) -> None:
@@ -238,8 +253,8 @@ class Engine:
                     self._run_one_chunk_in_c(call, copies)
                 else:
                     self._run_chunks(call, copies)
-            except MismatchError:
-                copies.drain()  # our copies into the segment still reading x end before the caller has it back
+            except BaseException:
+                copies.drain()  # our copies still reading x or writing out end before the caller has them back
                 raise
 
     def _run_chunks(self, call: Call, copies) -> None:

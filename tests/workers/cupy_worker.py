@@ -96,19 +96,19 @@ for dtype in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int64)):
         comm.allgather_async(whole[rank * count : (rank + 1) * count], whole).wait(timeout=120)
         assert np.array_equal(cp.asnumpy(whole).view(np.uint8), want_ag.view(np.uint8)), f"allgather in place {dtype}"
 
-# A write queued on the caller's stream right before allreduce_async, behind slow work, is included
-# (a call of one chunk, which runs in C, and one of several).
-for stream, count in ((cp.cuda.Stream(non_blocking=True), 8 << 20), (cp.cuda.Stream.null, 8 << 20),
-                      (cp.cuda.Stream(non_blocking=True), 1000), (cp.cuda.Stream.null, 1000)):
-    with stream:
-        a = cp.random.rand(4096, 4096, dtype=cp.float32)
-        x = cp.zeros(count, cp.float32)
-        for _ in range(30):
-            a = a @ a * 1e-3
-        x += rank + 1
-        work = comm.allreduce_async(x)
-        y = work.wait(timeout=120)
-    assert float(cp.asnumpy(y).min()) == float(cp.asnumpy(y).max()) == size * (size + 1) / 2
+# A write queued on the caller's stream right before the call, behind slow work, is included (a call of
+# one chunk, which runs in C, and one of several; queued, and blocking on the caller's thread).
+for blocking in (False, True):
+    for stream, count in ((cp.cuda.Stream(non_blocking=True), 8 << 20), (cp.cuda.Stream.null, 8 << 20),
+                          (cp.cuda.Stream(non_blocking=True), 1000), (cp.cuda.Stream.null, 1000)):
+        with stream:
+            a = cp.random.rand(4096, 4096, dtype=cp.float32)
+            x = cp.zeros(count, cp.float32)
+            for _ in range(30):
+                a = a @ a * 1e-3
+            x += rank + 1
+            y = comm.allreduce(x) if blocking else comm.allreduce_async(x).wait(timeout=120)
+        assert float(cp.asnumpy(y).min()) == float(cp.asnumpy(y).max()) == size * (size + 1) / 2, (blocking, count)
 
 # Made on x's device: every event and copy, also when the caller has another device current (several
 # chunks, and one in C).

@@ -14,9 +14,12 @@ race      a call that passed its checks just before close() ran is refused (HFRE
           with the caller's own input.
 interrupt a signal handler that raises (Ctrl-C's KeyboardInterrupt) during a call waiting in C for a
           peer that never comes ends the call at once with that exception, not after the timeout.
+inflight  rank 0 closes while a blocking call of another of its threads waits for a late peer: close()
+          waits for that call, which ends right, before it frees the segment.
 """
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -110,6 +113,23 @@ elif scenario == "race":
     assert (x == 1).all()
     comm._check_open = checks
     expect(hfr.HFRError, "closed", lambda: comm.allreduce(x))
+    done()
+elif scenario == "inflight":
+    comm = hfr.Communicator(world, timeout=TIMEOUT)
+    x = np.ones(1000, np.float32)
+    if rank == 0:
+        results = []
+        caller = threading.Thread(target=lambda: results.append(comm.allreduce(x)))
+        caller.start()
+        time.sleep(0.3)  # the call waits in C for the others
+        comm.close()
+        caller.join()
+        assert len(results) == 1 and (x == size).all(), x[:4]
+    else:
+        time.sleep(1.0)
+        comm.allreduce(x)
+        comm.close()
+        assert (x == size).all()
     done()
 elif scenario == "interrupt":
     import signal
