@@ -177,7 +177,8 @@ class Engine:
         """Count a call out: finished, or never run."""
         with self._order:
             self._unfinished -= 1
-            self._idle.notify_all()
+            if self._closed:  # close() may be waiting for it
+                self._idle.notify_all()
 
     def close(self) -> bool:
         """Refuse new calls, finish those already submitted, stop the thread; then free the segment
