@@ -103,8 +103,6 @@ def test_cli_testbed_prints_a_row_a_run(capsys):
 EXPECTED_MISSES: dict[tuple, str] = {
     (4, 2, "mpi"): "MPICH's 8 ranks on the VM's 2 cores, each polling TCP: 26-45% slower than its link and cpu terms",
     (8, 1, "mpi"): "MPICH's 8 ranks on the VM's 2 cores, each polling TCP: 26-45% slower than its link and cpu terms",
-    (8, 1, "hfr:ring"): "14 steps through 8 hosts on 2 cores: each step waits for a peer that is not running",
-    (8, 1, "hfr:halving"): "halving's steps through 8 hosts on 2 cores: each waits for a peer that is not running",
 }
 
 
