@@ -153,14 +153,16 @@ cdef class NodeCall:
 
     def run(self, int collective, size_t x, Py_ssize_t x_count, size_t out, Py_ssize_t out_count, object dtype,
             int dtype_code, object op, int op_code_on_wire, int root, Py_ssize_t descriptor_column,
-            int64_t calls_done, int64_t g, bint copy_out=True, Schedule vote=None, Schedule rail=None) -> int:
+            int64_t calls_done, int64_t g, bint copy_out=True, Schedule vote=None, Schedule rail=None,
+            bint announced=False) -> int:
         """Run the call on chunk g; returns its outcome. x and out are host addresses of x_count and
         out_count elements of dtype (x may be our own input slot of the stage, where a caller copied
         it); op is an hfr.Op, avg dividing the sum by the ranks. Its descriptor is (collective,
         x_count, dtype_code, op_code_on_wire, root), written at descriptor_column. Without copy_out the
         call ends once the result is final: the caller copies it out and publishes CONSUMED.
         Across nodes, vote is the call check's doubling over 1 + 2 x 5 int64 that this fills, and rail
-        the allreduce of our slice of the result slot (None where the slice is empty)."""
+        the allreduce of our slice of the result slot (None where the slice is empty). announced: the
+        caller has written the descriptor and ANNOUNCED already (before its own copy into the slot)."""
         cdef Py_ssize_t itemsize = dtype.itemsize
         cdef bint avg = op is Op.AVG
         cdef int code = op_code(Op.SUM if avg else op)
@@ -184,7 +186,7 @@ cdef class NodeCall:
                            self.rank == root, <char*>x, x_count * itemsize, x_at * itemsize, <char*>out,
                            out_count * itemsize, out_at * itemsize, total * itemsize, lo * itemsize, hi * itemsize,
                            kind, itemsize, code, self.size if avg else 1, self.threads, self.inputs, copy_out,
-                           &vote_rail, &data_rail, self.rail_yield_s, self.rail_sleep_ns)
+                           &vote_rail, &data_rail, self.rail_yield_s, self.rail_sleep_ns, announced)
         if outcome == INTERRUPTED:
             raise_pending()
         return outcome
@@ -195,7 +197,7 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
               char* x, Py_ssize_t x_nbytes, Py_ssize_t x_at, char* out, Py_ssize_t out_nbytes, Py_ssize_t out_at,
               Py_ssize_t total, Py_ssize_t lo, Py_ssize_t hi, Kind kind, Py_ssize_t itemsize, int code,
               Py_ssize_t divisor, int threads, void** inputs, bint copy_out, Rail* vote, Rail* rail,
-              double rail_yield_s, long rail_sleep_ns) noexcept nogil:
+              double rail_yield_s, long rail_sleep_ns, bint announced) noexcept nogil:
     cdef long long* row = node.control + node.local_rank * node.row_words
     cdef long long* other
     cdef long long* votes
@@ -213,9 +215,10 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
         copies_out = not (is_root and out == x)
 
     # announce
-    for i in range(DESCRIPTOR_FIELDS):
-        row[column + i] = fields[i]
-    _publish(node, ANNOUNCED, calls_done + 1)
+    if not announced:
+        for i in range(DESCRIPTOR_FIELDS):
+            row[column + i] = fields[i]
+        _publish(node, ANNOUNCED, calls_done + 1)
     # copy in: what the others reduce (our own slice stays in x)
     if deposits and not into_result:
         if _copy(own_slot, x, lo, threads) or _copy(own_slot + hi, x + hi, total - hi, threads):

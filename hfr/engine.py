@@ -392,7 +392,8 @@ class Engine:
         x, out, g = call.x, call.out, self._chunks_done
         code = _COLLECTIVE_CODES[call.collective]
         x_address = x.address
-        if copies is not None:
+        if copies is not None:  # announced first: a peer then waits for our data, not for our call
+            self._announce(call)
             stage, caller = g % STAGES, x.stream if call.ready is None else None
             if caller is None:
                 copies.begin(call.ready, x.stream)
@@ -405,7 +406,7 @@ class Engine:
             outcome = self._node_call.run(
                 code, x_address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype), call.op,
                 -1 if code in _NO_OP else op_code(call.op), call.root, self._descriptor_column(), self._calls_done, g,
-                copy_out=copies is None, vote=vote, rail=rail)
+                copy_out=copies is None, vote=vote, rail=rail, announced=copies is not None)
         except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
             internode.abandon(vote, rail)
             raise
