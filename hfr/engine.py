@@ -385,10 +385,11 @@ class Engine:
         self._chunks_done = base + nchunks
 
     def _run_one_chunk_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
-        """The steps of _run_chunks for its one chunk g, on one node, with the GIL released throughout.
-        With copies (a CUDA array) x is copied whole into our input slot first and our part of the result
-        out after, each one copy, finished before the next step: on the caller's stream for a call run on
-        its thread, else on ours after the caller's ready event."""
+        """The steps of _run_chunks for its one chunk g, with the GIL released throughout (across nodes
+        with the rail's vote and allreduce polled in C too). With copies (a CUDA array) x is copied whole
+        into our input slot first and our part of the result out after, each one copy, finished before the
+        next step: on the caller's stream for a call run on its thread, else on ours after the caller's
+        ready event."""
         x, out, g = call.x, call.out, self._chunks_done
         code = _COLLECTIVE_CODES[call.collective]
         x_address = x.address
