@@ -142,3 +142,15 @@ def test_fsdp_collectives_against_every_host_peer(collective, op, nprocs):
     assert {r["backend"] for r in rows} == {"hfr", "mpi", "gloo"}, out
     assert all(r[f"{p} #wrong"] == "0" for r in rows for p in ("oop", "ip")), out
     assert {int(r["count"]) % nprocs for r in rows} == {0}  # the larger buffer's count, n x k
+
+
+@pytest.mark.parametrize("local_size,parts", [(None, {"hfr", "mpi", "python"}),
+                                              (1, {"hfr", "vote", "doubling", "mpi", "python"})])
+def test_call_parts_times_every_part(local_size, parts):
+    """bench/call_parts.py on one node and on 2 emulated nodes: one line with every part's time."""
+    env = {"HFR_LOCAL_SIZE": str(local_size)} if local_size else {}
+    out = run_mpi(2, str(REPO / "bench" / "call_parts.py"), "--calls", "50", "--rounds", "1", env=env,
+                  timeout=120).stdout
+    line = [ln for ln in out.splitlines() if ln and not ln.startswith("#")][-1].split()
+    times = dict(zip(line[::2], map(float, line[1::2])))
+    assert set(times) == parts and all(t > 0 for t in times.values()), out
