@@ -407,7 +407,7 @@ class Engine:
             outcome = self._node_call.run(
                 code, x_address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype), call.op,
                 -1 if code in _NO_OP else op_code(call.op), call.root, self._descriptor_column(), self._calls_done, g,
-                copy_out=copies is None, vote=vote, rail=rail, announced=copies is not None)
+                copies is None, vote, rail, copies is not None)  # copy_out, vote, rail, announced
         except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
             internode.abandon(vote, rail)
             raise
