@@ -26,7 +26,8 @@ internode = Extension("hfr._internode", ["hfr/_internode.pyx"], include_dirs=[nu
 # Waits on the node's counters with the GIL released (hfr/engine.py falls back to Python polling).
 spin = Extension("hfr._spin", ["hfr/_spin.pyx"], extra_compile_args=["-O2"])
 
-# A call on one node that fits in one chunk, for host arrays, in C (hfr/engine.py runs the others).
+# A call that fits in one chunk, in C: host arrays, CUDA arrays staged by the engine, across nodes polling
+# hfr._internode's schedules (hfr/engine.py runs the others).
 node_call = Extension("hfr._node_call", ["hfr/_node_call.pyx"], extra_compile_args=["-O2"])
 
 setup(

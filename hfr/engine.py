@@ -412,7 +412,7 @@ class Engine:
             internode.abandon(vote, rail)
             raise
         if outcome != _node_call.Outcome.DONE:
-            self._one_chunk_failed(call, outcome, call.descriptor(), g, vote, rail)
+            self._one_chunk_failed(call, outcome, g, vote, rail)
         self._calls_done += 1
         self._chunks_done = g + 1
         if copies is not None:
@@ -437,7 +437,7 @@ class Engine:
         return vote, internode.doubling(self.rail_comm, result, op, self.threads,
                                         halving=self._algo_for(call) == "halving")
 
-    def _one_chunk_failed(self, call: Call, outcome: int, mine: list[int], g: int, vote, rail) -> None:
+    def _one_chunk_failed(self, call: Call, outcome: int, g: int, vote, rail) -> None:
         """Raise what the C path's outcome means, as the Python loop would have at the same step."""
         Outcome = _node_call.Outcome
         if outcome == Outcome.WAIT_CALL:
@@ -448,11 +448,11 @@ class Engine:
             try:
                 internode.stopped(self.rail_comm, vote, internode.VOTE_WHAT)
             except HFRTimeoutError as error:
-                raise self._vote_timed_out(error) from None
+                raise self._timed_out(f"the call check ({error})", None) from None
         if outcome == Outcome.RAIL_STOPPED:
             internode.stopped(self.rail_comm, rail, f"allreduce ({self._algo_for(call)})")
         if outcome == Outcome.MISMATCH:
-            self._raise_mismatch(mine)
+            self._raise_mismatch(call.descriptor())
         if outcome == Outcome.NO_MEMORY:
             raise MemoryError("no memory for the kernel's scratch tiles")
         where = f"{call.collective} chunk 1/1"
@@ -522,7 +522,7 @@ class Engine:
                 try:
                     internode.vote(self.rail_comm, votes, deadline=time.monotonic() + self.timeout)
                 except HFRTimeoutError as error:
-                    raise self._vote_timed_out(error) from None
+                    raise self._timed_out(f"the call check ({error})", None) from None
                 n = len(mine)
                 mismatch = bool(votes[0]) or bool((votes[1 : 1 + n] != -votes[1 + n :]).any())
             if mismatch:
@@ -531,11 +531,6 @@ class Engine:
         if differs:  # this node's ranks disagree on the chunks to come: settle before any chunk wait
             settle()
         return settle
-
-    def _vote_timed_out(self, error: HFRTimeoutError) -> HFRTimeoutError:
-        layout = self.layout
-        return HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "
-                               f"waited {self.timeout:g} s for the call check ({error})")
 
     def _raise_mismatch(self, mine: list[int]) -> None:
         """Gather every rank's descriptor and raise MismatchError naming what differs (every rank calls it)."""
