@@ -46,7 +46,7 @@ from libc.string cimport memcpy
 
 cimport numpy as cnp
 from hfr._kernels cimport Kind, kernel_kind, op_code, reduce_nogil
-from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_nap, hfr_now, raise_pending, sched_yield, signal_raised
+from hfr._wait cimport HFR_SIGNAL_CHECK_S, HFR_SPIN_S, hfr_nap, hfr_now, hfr_relax, raise_pending, sched_yield, signal_raised
 
 import ctypes
 
@@ -234,8 +234,8 @@ cdef inline bint _done(Flow* f) noexcept nogil:
 cdef bint poll(advance_fn advance, void* state, Call* c, double deadline, double yield_s,
                long sleep_ns) noexcept nogil:
     """Advance until done (True), an MPI call fails (c.error), a signal handler raises (c.error
-    INTERRUPTED) or deadline passes (False). After progress stops: sched_yield for yield_s, then nap
-    sleep_ns between polls, looking at pending signals every HFR_SIGNAL_CHECK_S."""
+    INTERRUPTED) or deadline passes (False). After progress stops: spin HFR_SPIN_S, sched_yield until
+    yield_s, then nap sleep_ns between polls, looking at pending signals every HFR_SIGNAL_CHECK_S."""
     cdef double last_progress = hfr_now(), last_signal_check = last_progress, now
     cdef bint done = False, moved
     while True:

@@ -4,12 +4,12 @@
 A Python polling loop takes the GIL back after every yield, and a thread waiting for the GIL (the
 caller's training loop, torch's autograd thread) then waits out the 5 ms switch interval each time.
 Here the spin runs with the GIL released: it reads one int64 word per local rank (acquire loads),
-yields the CPU between rounds, and after a while naps between rounds so idle ranks leave the cores
-to others.
+spins a few microseconds, then yields the CPU between rounds, and after a while naps between rounds so
+idle ranks leave the cores to others.
 """
 from libc.stdint cimport int64_t
 
-from hfr._wait cimport hfr_nap, hfr_now, sched_yield
+from hfr._wait cimport HFR_SPIN_S, hfr_nap, hfr_now, hfr_relax, sched_yield
 
 cdef extern from *:
     """
@@ -39,7 +39,9 @@ cdef bint counters_reached(const long long* words, Py_ssize_t row_words, Py_ssiz
         now = hfr_now()
         if now - start > seconds:
             return False
-        if now - start < SPIN_S:
+        if now - start < HFR_SPIN_S:
+            hfr_relax()
+        elif now - start < SPIN_S:
             sched_yield()
         else:
             hfr_nap(NAP_NS)
