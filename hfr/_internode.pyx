@@ -255,7 +255,9 @@ cdef bint poll(advance_fn advance, void* state, Call* c, double deadline, double
             if signal_raised():
                 c.error = INTERRUPTED
                 return False
-        if now - last_progress < yield_s:
+        if now - last_progress < HFR_SPIN_S:
+            hfr_relax()
+        elif now - last_progress < yield_s:
             sched_yield()
         else:
             hfr_nap(sleep_ns)
@@ -559,6 +561,14 @@ cdef class Doubling(Schedule):
 
     def __dealloc__(self):
         free(self.swaps.requests)
+
+    def rewind(self) -> None:
+        """Make the schedule ready to run again from its first step, over the same buffers (the engine
+        reuses one per call shape). Only one that finished, or never started, may: ValueError otherwise."""
+        cdef Swaps* s = &self.swaps
+        if self.call.error or s.posted or 0 < s.step < s.nsteps:
+            raise ValueError(f"hfr: a schedule stopped at step {s.step} of {s.nsteps} cannot run again")
+        s.step = 0
 
     def waiting_for(self) -> list:
         """The step under way and the peer it waits on, in words."""

@@ -63,6 +63,7 @@ _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
 _STAGED = ("allreduce", "reduce", "reduce_scatter")  # the CUDA calls that run in C: x whole in our input slot
 _RAIL_IN_C = ("doubling", "halving")  # the inter-node algorithms a call in C polls (hfr/_internode.pyx's Doubling)
+_RAIL_SHAPES_KEPT = 64  # calls in C across nodes: the rail schedules kept for this many call shapes
 
 
 @dataclass
@@ -116,6 +117,14 @@ class Engine:
             self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
             self.segment.slot_address(0, 0), self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
             layout.rank, threads, internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+        # Calls in C across nodes poll the call check's vote and their slice's allreduce over the rail:
+        # made once (the vote) or once per call shape (the data, sharing one scratch: calls run one at
+        # a time), then rewound for each later call, since making them costs more than a small call's
+        # exchanges. Only schedules that finished run again: a call that stops one breaks the engine.
+        if layout.nnodes > 1:
+            self._vote = internode.vote_schedule(rail_comm, np.empty(1 + 2 * len(DESCRIPTOR_FIELDS), np.int64))
+        self._rail_shapes: dict[tuple, Any] = {}
+        self._rail_scratch = np.empty(0, np.uint8)
         self.broken: Optional[BaseException] = None
         self._chunks_done = 0
         self._calls_done = 0
@@ -201,6 +210,7 @@ class Engine:
             return False
         if int(self.segment.control[:, CLOSING].max()) != HEALTHY:
             return False
+        self._rail_shapes.clear()  # their buffers are views of the segment
         self.segment.free()
         return True
 
@@ -423,19 +433,31 @@ class Engine:
             self._publish(CONSUMED, g + 1)
 
     def _rail_schedules(self, call: Call, stage: int) -> tuple:
-        """The call check's vote and the allreduce of our slice of the result slot over the rail (None
-        where the slice is empty), for the call in C to poll."""
-        x = call.x
-        votes = np.empty(1 + 2 * len(DESCRIPTOR_FIELDS), np.int64)  # filled in C
-        vote = internode.vote_schedule(self.rail_comm, votes)
-        size = x.dtype.itemsize
+        """The call check's vote (its votes filled in C) and the allreduce of our slice of the result
+        slot over the rail (None where the slice is empty), rewound, for the call in C to poll."""
+        self._vote.rewind()
+        shape = (stage, call.elements, call.x.dtype, call.op)
+        if shape not in self._rail_shapes:
+            if len(self._rail_shapes) >= _RAIL_SHAPES_KEPT:
+                del self._rail_shapes[next(iter(self._rail_shapes))]  # the oldest
+            self._rail_shapes[shape] = self._rail_schedule(call, stage)
+        rail = self._rail_shapes[shape]
+        if rail is not None:
+            rail.rewind()
+        return self._vote, rail
+
+    def _rail_schedule(self, call: Call, stage: int):
+        """The allreduce of our slice of the result slot over the rail, or None where it is empty."""
+        size = call.x.dtype.itemsize
         lo, hi = slice_bounds(call.elements, self.layout.local_size, self.layout.local_rank, SLICE_ALIGN_BYTES // size)
         if lo == hi:
-            return vote, None
-        result = self.segment.result(stage)[lo * size : hi * size].view(x.dtype)
+            return None
+        if self._rail_scratch.nbytes < (hi - lo) * size:
+            self._rail_scratch = np.empty((hi - lo) * size, np.uint8)  # schedules made before keep theirs
+        result = self.segment.result(stage)[lo * size : hi * size].view(call.x.dtype)
         op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
-        return vote, internode.doubling(self.rail_comm, result, op, self.threads,
-                                        halving=self._algo_for(call) == "halving")
+        return internode.doubling(self.rail_comm, result, op, self.threads, halving=self._algo_for(call) == "halving",
+                                  scratch=self._rail_scratch)
 
     def _one_chunk_failed(self, call: Call, outcome: int, g: int, vote, rail) -> None:
         """Raise what the C path's outcome means, as the Python loop would have at the same step."""

@@ -318,10 +318,11 @@ def abandon(*schedules) -> None:
 
 
 def doubling(rail: MPI.Comm, buf: np.ndarray, op: Op, threads: int, *, halving: bool = False,
-             tag: int = _DOUBLING_TAG) -> Doubling:
+             tag: int = _DOUBLING_TAG, scratch: Optional[np.ndarray] = None) -> Doubling:
     """The schedule of one allreduce of buf by doubling (or halving), to run with _run_in_c or to poll
-    in C (hfr/_node_call.pyx)."""
-    return Doubling(rail, buf, op, _scratch("doubling", buf.nbytes), threads, tag, halving)
+    in C (hfr/_node_call.pyx); scratch: room for buf's bytes (default: this thread's)."""
+    return Doubling(rail, buf, op, _scratch("doubling", buf.nbytes) if scratch is None else scratch, threads, tag,
+                    halving)
 
 
 def _run_doubling(rail, buf, op, threads, deadline, *, halving: bool) -> None:
@@ -334,8 +335,9 @@ VOTE_WHAT = "the call check's vote"
 
 def vote_schedule(rail: MPI.Comm, votes: np.ndarray) -> Doubling:
     """The schedule of the call check's vote: votes = their elementwise max over the rail, in place (int64;
-    a doubling on a tag of its own, so that messages a failed data step left behind can never match it)."""
-    return doubling(rail, votes, Op.MAX, 1, tag=_VOTE_TAG)
+    a doubling on a tag of its own, so that messages a failed data step left behind can never match it).
+    It has scratch of its own, so it may be rewound and run again on any thread."""
+    return doubling(rail, votes, Op.MAX, 1, tag=_VOTE_TAG, scratch=np.empty(votes.nbytes, np.uint8))
 
 
 def vote(rail: MPI.Comm, votes: np.ndarray, deadline: Optional[float]) -> None:

@@ -15,6 +15,7 @@ def test_every_algo_dtype_op_size_and_root(nranks):
     assert "OK allreduce" in out
     assert "OK dbtree, doubling, halving, ring, gather bits independent of block_bytes and cuts" in out
     assert "OK reduce and broadcast from every root" in out
+    assert "OK rewound schedules" in out
 
 
 def test_dead_peer_times_out_naming_it():
@@ -23,6 +24,7 @@ def test_dead_peer_times_out_naming_it():
     assert "OK dead peer" in out, out
     for algo in ALGOS:
         assert f"OK {algo} timed out" in out, out
+    assert "OK a stopped schedule refuses to run again" in out, out
     assert time.monotonic() - start < 30
 
 

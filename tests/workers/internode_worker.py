@@ -1,8 +1,10 @@
 """Checks of hfr.internode on COMM_WORLD as the rail; run by tests/test_internode.py under mpiexec.
 
     internode_worker.py check      every algo, dtype, op and size; reduce and broadcast to every root;
-                                   the bits of CUT_FREE_ALGOS independent of blocks and cuts
-    internode_worker.py dead_peer  2 ranks, rank 1 never calls: rank 0 must time out, naming rank 1
+                                   the bits of CUT_FREE_ALGOS independent of blocks and cuts; schedules
+                                   rewound and run again
+    internode_worker.py dead_peer  2 ranks, rank 1 never calls: rank 0 must time out, naming rank 1; the
+                                   stopped schedule refuses to run again
 
 Every rank makes every rank's input from a seed (rank, case), so each computes the expected result
 itself. Prints "OK <what>" lines on rank 0; any failure raises, and mpi4py's runner aborts the job.
@@ -143,6 +145,34 @@ def check_reduce_and_broadcast() -> None:
         print("OK reduce and broadcast from every root")
 
 
+def check_rewound_schedules() -> None:
+    """A doubling or halving schedule rewound and run again over new data in the same buffer (as the
+    engine reuses one per call shape) gives each round's own result; so does the call check's vote."""
+    case = 3000
+    for halving in (False, True):
+        for dtype, op in ((np.dtype(np.float32), Op.SUM), (np.dtype(np.int64), Op.MAX)):
+            buf = np.empty(1001, dtype)
+            schedule = internode.doubling(COMM, buf, op, 2, halving=halving, scratch=np.empty(buf.nbytes, np.uint8))
+            for round_ in range(4):
+                case += 1
+                buf[:] = make_input(RANK, dtype, op, buf.size, case)
+                if round_:
+                    schedule.rewind()
+                assert schedule.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+                what = f"{'halving' if halving else 'doubling'} rewound {round_} times, {dtype} {op.value}"
+                check_close(buf, expected(dtype, op, buf.size, case), dtype, op, what)
+    votes = np.empty(11, np.int64)
+    vote = internode.vote_schedule(COMM, votes)
+    for round_ in range(3):
+        votes[:] = RANK * 10 + round_
+        if round_:
+            vote.rewind()
+        assert vote.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+        assert (votes == (NRANKS - 1) * 10 + round_).all(), f"vote rewound {round_} times: {votes}"
+    if RANK == 0:
+        print("OK rewound schedules")
+
+
 def check_dead_peer() -> None:
     """Rank 1 never calls; rank 0 must raise HFRTimeoutError naming rank 1 for every algo, in time."""
     if RANK == 1:
@@ -160,6 +190,15 @@ def check_dead_peer() -> None:
             print(f"OK {algo} timed out {late * 1e3:.0f} ms after the deadline: {e}", flush=True)
         else:
             raise AssertionError(f"{algo}: allreduce returned without its peer")
+    # A schedule that stopped part way may still have receives posted: it never runs again.
+    buf = np.ones(1000, np.float32)
+    stopped = internode.doubling(COMM, buf, Op.SUM, 1)
+    assert not stopped.run(time.monotonic() + 0.2, internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+    try:
+        stopped.rewind()
+    except ValueError as e:
+        print(f"OK a stopped schedule refuses to run again: {e}", flush=True)
+    internode.abandon(stopped)
     print("OK dead peer", flush=True)
     os._exit(0)  # MPI_Finalize would wait for rank 1
 
@@ -169,6 +208,7 @@ if __name__ == "__main__":
         check_allreduce()
         check_bits_do_not_depend_on_cuts()
         check_reduce_and_broadcast()
+        check_rewound_schedules()
     elif sys.argv[1] == "dead_peer":
         check_dead_peer()
     else:
