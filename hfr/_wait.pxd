@@ -1,6 +1,6 @@
 # Waiting in C with the GIL released, shared by hfr/_spin.pyx, hfr/_node_call.pyx and hfr/_internode.pyx:
 # a monotonic clock in seconds (time.monotonic()'s, so Python deadlines compare with it), a nap,
-# sched_yield, a pause for busy waits, and a look at pending signals (Ctrl-C), as a Python polling loop would take.
+# sched_yield, a pause for busy waits (a spin_s of their own: spinning suits a host with a core per rank), and a look at pending signals (Ctrl-C), as a Python polling loop would take.
 cdef extern from *:
     """
     #include <sched.h>
@@ -17,15 +17,11 @@ cdef extern from *:
         __asm__ __volatile__("yield");
     #endif
     }
-    /* a wait first spins this long (a peer a few microseconds behind is seen at once: sched_yield's system
-       call costs ~0.5-1 us a round), then yields the CPU, then naps */
-    #define HFR_SPIN_S 20e-6
     #define HFR_SIGNAL_CHECK_S 0.05  /* a long wait in C looks at pending signals this often */
     """
     double hfr_now() nogil
     void hfr_nap(long ns) nogil
     void hfr_relax() nogil
-    const double HFR_SPIN_S
     int sched_yield() nogil
     const double HFR_SIGNAL_CHECK_S
 
