@@ -4,14 +4,18 @@
 The steps are those of the engine's chunk loop (hfr/engine.py, whose terms this uses) for its one
 chunk g, on stage g % STAGES, with the GIL released from the first step to the last:
   announce   write the call's descriptor into our control row, then ANNOUNCED
-  copy in    the parts of x the others reduce into our input slot (our own slice is read from x);
-             broadcast's root and allgather's shards go to the result slot once it is free
+  copy in    the parts of x the others reduce into our input slot (our own slice is read from x; all
+             of x in a small call, below); broadcast's root and allgather's shards go to the result
+             slot once it is free
   check      wait until every rank has ANNOUNCED, compare the descriptors; across nodes, vote on the
              rail (a max-allreduce of every node's verdict and descriptor). A difference returns before
              any other counter moves, so every rank's counters stay as they were
   reduce     ARRIVED; our slice of the inputs into the result slot (avg divided there); across nodes,
              the slice's allreduce over the rail; then REDUCED
-  copy out   our part of the result slot into out, then CONSUMED
+  copy out   our part of the result slot into out, then CONSUMED. A small call (WHOLE_UP_TO_BYTES, one
+             node, host out) instead reduces out's part straight from the input slots, which hold all
+             of every rank's x (the same kernel in the same slot order: the same bits), without waiting
+             for the others' REDUCED: a hand-off fewer (the engine's terms say why that is safe)
 Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx) and turns
 the outcome into the call's result or error. A CUDA array is staged in our input slot by the engine,
 which copies the result out itself. The Python loop runs every other call (several chunks, and across
@@ -43,7 +47,7 @@ cdef extern from *:
 cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the engine names it), a _STOPPED
     # one a schedule on the rail that did not finish (the schedule says why)
     DONE, MISMATCH, NO_MEMORY, WAIT_CALL, WAIT_RESULT_SLOT, WAIT_ARRIVED, WAIT_PREVIOUS_RESULT, WAIT_REDUCED
-    VOTE_STOPPED, RAIL_STOPPED
+    VOTE_STOPPED, RAIL_STOPPED, WAIT_INPUT_SLOT
 cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
     WAITED = -2  # a wait that reached its target
@@ -57,6 +61,7 @@ cpdef enum Protocol:
     STAGES = 3
     SLICE_ALIGN_BYTES = 64
     DESCRIPTOR_FIELDS = 5
+    WHOLE_UP_TO_BYTES = 4096  # a call on one node of at most this many bytes: x whole in every input slot
 cpdef enum Collective:
     ALLREDUCE = 0
     REDUCE = 1
@@ -211,6 +216,7 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
     cdef bint differs = False
     cdef Py_ssize_t a, b, i
     cdef int j, waited
+    cdef bint whole = vote.advance == NULL and not into_result and total <= WHOLE_UP_TO_BYTES
     if collective == REDUCE:
         copies_out = is_root
     elif collective == BROADCAST:
@@ -221,9 +227,15 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
         for i in range(DESCRIPTOR_FIELDS):
             row[column + i] = fields[i]
         _publish(node, ANNOUNCED, calls_done + 1)
-    # copy in: what the others reduce (our own slice stays in x)
+    # copy in: what the others reduce (our own slice stays in x), once our slot's last readers are done
     if deposits and not into_result:
-        if _copy(own_slot, x, lo, threads) or _copy(own_slot + hi, x + hi, total - hi, threads):
+        waited = _wait_all(node, REDUCED, g - STAGES + 1, WAIT_INPUT_SLOT)
+        if waited != WAITED:
+            return waited
+        if whole:
+            if _copy(own_slot, x, total, threads):
+                return NO_MEMORY
+        elif _copy(own_slot, x, lo, threads) or _copy(own_slot + hi, x + hi, total - hi, threads):
             return NO_MEMORY
     # check: the node's descriptors, then across nodes the vote (every node's verdict, and its descriptor
     # as max(d) and max(-d): they are the same on every node where max(d) == -max(-d))
@@ -273,15 +285,25 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
         if waited != WAITED:
             return waited
     _publish(node, REDUCED, g + 1)
-    waited = _wait_all(node, REDUCED, g + 1, WAIT_REDUCED)
-    if waited != WAITED:
-        return waited
-    hfr_fence()
-    if not copy_out:
-        return DONE
-    # copy out
+    # copy out: out's part [a, b) of the chunk
     a, b = max(0, out_at), min(total, out_at + out_nbytes)
-    if copies_out and a < b and _copy(out + a - out_at, result + a, b - a, threads):
-        return NO_MEMORY
+    if not copies_out:
+        a = b
+    if whole and copy_out:
+        if a < b:
+            for j in range(node.local_size):
+                inputs[j] = slots + j * slot_bytes + a
+            if reduce_nogil(kind, itemsize, out + a - out_at, inputs, node.local_size, (b - a) // itemsize, code,
+                            threads, divisor):
+                return NO_MEMORY
+    else:
+        waited = _wait_all(node, REDUCED, g + 1, WAIT_REDUCED)
+        if waited != WAITED:
+            return waited
+        hfr_fence()
+        if not copy_out:
+            return DONE
+        if a < b and _copy(out + a - out_at, result + a, b - a, threads):
+            return NO_MEMORY
     _publish(node, CONSUMED, g + 1)
     return DONE

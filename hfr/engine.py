@@ -16,6 +16,10 @@ A stage's input slots are reused once every rank has REDUCED the chunk that used
 result slot once every rank has CONSUMED it. So copies into the segment run ahead by up to STAGES
 chunks, while other chunks are reduced, travel and are copied back. A host (NumPy) array's owner reads
 its own slice straight from the array, so its slot holds only the slices the others need.
+A **whole** call (one node, at most WHOLE_UP_TO_BYTES) copies all of x into every input slot, and a
+rank whose out is on the host reduces its part of out straight from the slots (hfr/_node_call.pyx)
+rather than wait for the others' slices: such a rank can leave a call while the others still read its
+slot, so every rank checks the REDUCED rule above before it copies into its input slot.
 """
 from __future__ import annotations
 
@@ -58,6 +62,7 @@ HEALTHY, BROKEN = 1, 2  # CLOSING's values
 DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "reduce_scatter", "allgather")  # wire codes: append only
 SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
+WHOLE_UP_TO_BYTES = 4096  # whole calls (the terms above): reducing 4 KiB per rank costs less than a hand-off
 # A call in C first spins this long in each wait (a peer a few microseconds behind is seen at once, where
 # sched_yield's system call costs ~0.5-1 us a round), where the host has a core for each of its ranks;
 # where ranks share cores, spinning keeps the peer it waits for off the core (4 ranks on 2 cores: 5x slower).
@@ -67,6 +72,7 @@ _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
 _STAGED = ("allreduce", "reduce", "reduce_scatter")  # the CUDA calls that run in C: x whole in our input slot
 _RAIL_IN_C = ("doubling", "halving")  # the inter-node algorithms a call in C polls (hfr/_internode.pyx's Doubling)
+_SLOT_READERS = "the node's ranks to finish reading our input slot"  # a timeout's words (the terms above)
 _RAIL_SHAPES_KEPT = 64  # calls in C across nodes: the rail schedules kept for this many call shapes
 
 
@@ -301,7 +307,8 @@ class Engine:
         pending_in: dict[int, Any] = {}
 
         # A host array's own slice is read by its owner straight from x: only the others are copied in.
-        own_slice_from_x = x.kind == "numpy" and not into_result
+        whole = layout.nnodes == 1 and call.nbytes <= WHOLE_UP_TO_BYTES
+        own_slice_from_x = x.kind == "numpy" and not into_result and not whole
         # With one rank a node, that rank's data is its node's sum: a host array's allreduce then works
         # in out itself (two copies fewer), with the same bits.
         straight_to_out = own_slice_from_x and layout.local_size == 1 and call.collective == "allreduce"
@@ -317,6 +324,8 @@ class Engine:
             g = base + c
             first, count, lo, hi = bounds(c)
             start, nbytes = first * itemsize, count * itemsize
+            if not into_result:
+                self._wait_all(REDUCED, g - STAGES + 1, f"{call.collective} chunk {c + 1}/{nchunks}: {_SLOT_READERS}")
             dst = segment.result(g % STAGES) if into_result else segment.slot(g % STAGES, layout.local_rank)
             if own_slice_from_x:
                 copies.to_segment(dst[: lo * itemsize], x.flat, start)
@@ -467,6 +476,9 @@ class Engine:
     def _one_chunk_failed(self, call: Call, outcome: int, g: int, vote, rail) -> None:
         """Raise what the C path's outcome means, as the Python loop would have at the same step."""
         Outcome = _node_call.Outcome
+        where = f"{call.collective} chunk 1/1"
+        if outcome == Outcome.WAIT_INPUT_SLOT:
+            raise self._timed_out(f"{where}: {_SLOT_READERS}", self._laggards(REDUCED, g - STAGES + 1))
         if outcome == Outcome.WAIT_CALL:
             raise self._timed_out(f"{call.collective}: the node's ranks to make the call",
                                   self._laggards(ANNOUNCED, self._calls_done + 1))
@@ -482,7 +494,6 @@ class Engine:
             self._raise_mismatch(call.descriptor())
         if outcome == Outcome.NO_MEMORY:
             raise MemoryError("no memory for the kernel's scratch tiles")
-        where = f"{call.collective} chunk 1/1"
         column, target, what = {
             Outcome.WAIT_RESULT_SLOT: (CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out"),
             Outcome.WAIT_ARRIVED: (ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in"),

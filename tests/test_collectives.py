@@ -23,7 +23,7 @@ def test_the_c_path_numbers_the_protocol_as_the_engine():
     assert [c.name.lower() for c in _node_call.Collective] == list(engine.COLLECTIVES)
     assert [(w.name, int(w)) for w in _node_call.Protocol] == [
         (name, getattr(engine, name)) for name in ("ANNOUNCED", "ARRIVED", "REDUCED", "CONSUMED", "STAGES", "SLICE_ALIGN_BYTES")
-    ] + [("DESCRIPTOR_FIELDS", len(engine.DESCRIPTOR_FIELDS))]
+    ] + [("DESCRIPTOR_FIELDS", len(engine.DESCRIPTOR_FIELDS)), ("WHOLE_UP_TO_BYTES", engine.WHOLE_UP_TO_BYTES)]
 
 
 @pytest.mark.parametrize("nprocs,local_size", [(3, None), (4, 2), (3, 1)])

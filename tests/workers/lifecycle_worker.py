@@ -88,6 +88,7 @@ elif scenario == "close":
     os._exit(0)
 elif scenario == "foreign":
     comm = hfr.Communicator(world, timeout=TIMEOUT)
+    n = 4096  # past WHOLE_UP_TO_BYTES: the others need the failed rank's slice (a whole call reduces its own)
     if rank == last:
         def no_memory(*args):
             raise MemoryError("no memory for the scratch tiles (injected)")
@@ -95,11 +96,11 @@ elif scenario == "foreign":
         comm._engine._reduce = no_memory
         comm._engine._in_c = False  # the Python loop calls _reduce (the C path reduces in C)
         error = expect(hfr.HFRError, "MemoryError: no memory",
-                       lambda: comm.allreduce(np.ones(10, np.float32), out=np.empty(10, np.float32)))
+                       lambda: comm.allreduce(np.ones(n, np.float32), out=np.empty(n, np.float32)))
         assert isinstance(error.__cause__, MemoryError), repr(error.__cause__)
         expect(hfr.HFRError, "failed earlier", lambda: comm.allreduce(np.ones(10, np.float32)))
     else:  # waiting for the failed rank: on the node's counters, or on the rail
-        expect(hfr.HFRTimeoutError, "", lambda: comm.allreduce(np.ones(10, np.float32), out=np.empty(10, np.float32)))
+        expect(hfr.HFRTimeoutError, "", lambda: comm.allreduce(np.ones(n, np.float32), out=np.empty(n, np.float32)))
     done()
     world.Barrier()  # hfr works on its own Dup; an early exit would make the launcher end the others
     os._exit(0)
