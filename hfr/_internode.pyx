@@ -46,7 +46,7 @@ from libc.string cimport memcpy
 
 cimport numpy as cnp
 from hfr._kernels cimport Kind, kernel_kind, op_code, reduce_nogil
-from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_nap, hfr_now, hfr_relax, raise_pending, sched_yield, signal_raised
+from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_nap, hfr_now, raise_pending, sched_yield, signal_raised
 
 import ctypes
 
@@ -231,11 +231,11 @@ cdef inline bint _done(Flow* f) noexcept nogil:
 
 # ---- polling --------------------------------------------------------------------------------------------
 
-cdef bint poll(advance_fn advance, void* state, Call* c, double deadline, double spin_s, double yield_s,
+cdef bint poll(advance_fn advance, void* state, Call* c, double deadline, double yield_s,
                long sleep_ns) noexcept nogil:
     """Advance until done (True), an MPI call fails (c.error), a signal handler raises (c.error
-    INTERRUPTED) or deadline passes (False). After progress stops: spin for spin_s, sched_yield until
-    yield_s, then nap sleep_ns between polls, looking at pending signals every HFR_SIGNAL_CHECK_S."""
+    INTERRUPTED) or deadline passes (False). After progress stops: sched_yield for yield_s, then nap
+    sleep_ns between polls, looking at pending signals every HFR_SIGNAL_CHECK_S."""
     cdef double last_progress = hfr_now(), last_signal_check = last_progress, now
     cdef bint done = False, moved
     while True:
@@ -255,9 +255,7 @@ cdef bint poll(advance_fn advance, void* state, Call* c, double deadline, double
             if signal_raised():
                 c.error = INTERRUPTED
                 return False
-        if now - last_progress < spin_s:
-            hfr_relax()
-        elif now - last_progress < yield_s:
+        if now - last_progress < yield_s:
             sched_yield()
         else:
             hfr_nap(sleep_ns)
@@ -286,7 +284,7 @@ cdef class Schedule:
         cdef bint done
         cdef long sleep_ns = <long>(sleep_s * 1e9)
         with nogil:
-            done = poll(self.advance, self.state, &self.call, deadline, 0.0, yield_s, sleep_ns)
+            done = poll(self.advance, self.state, &self.call, deadline, yield_s, sleep_ns)
         if self.call.error == INTERRUPTED:
             raise_pending()
         self.raise_error()

@@ -75,7 +75,6 @@ cdef struct Node:  # the segment, as this rank sees it
     Py_ssize_t row_words
     int local_size, local_rank
     double timeout
-    double spin_s  # a wait spins this long before it yields the CPU (0 where ranks may share cores)
 
 
 cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
@@ -85,7 +84,7 @@ cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out)
     if target <= 0:
         return WAITED
     while not counters_reached(node.control, node.row_words, node.local_size, column, target,
-                               min(HFR_SIGNAL_CHECK_S, deadline - hfr_now()), node.spin_s):
+                               min(HFR_SIGNAL_CHECK_S, deadline - hfr_now())):
         if hfr_now() >= deadline:
             return timed_out
         if signal_raised():
@@ -124,10 +123,10 @@ cdef void _rail_of(Schedule schedule, Rail* rail):
         rail.advance, rail.state, rail.call = schedule.advance, schedule.state, &schedule.call
 
 
-cdef int _run_rail(Rail* rail, double timeout, double spin_s, double yield_s, long sleep_ns, int stopped) noexcept nogil:
+cdef int _run_rail(Rail* rail, double timeout, double yield_s, long sleep_ns, int stopped) noexcept nogil:
     """Poll the rail's schedule to its end: WAITED once done (or where there is none), INTERRUPTED if a
     signal handler raised, else `stopped` (the timeout passed, an MPI call failed, no memory)."""
-    if rail.advance == NULL or poll(rail.advance, rail.state, rail.call, hfr_now() + timeout, spin_s, yield_s, sleep_ns):
+    if rail.advance == NULL or poll(rail.advance, rail.state, rail.call, hfr_now() + timeout, yield_s, sleep_ns):
         return WAITED
     return INTERRUPTED if rail.call.error == RAIL_INTERRUPTED else stopped
 
@@ -143,11 +142,10 @@ cdef class NodeCall:
     cdef void** inputs  # the reduce's input pointers, one per local rank
 
     def __cinit__(self, size_t control, Py_ssize_t row_words, int local_size, int local_rank, double timeout,
-                  double spin_s, size_t stages, Py_ssize_t stage_bytes, Py_ssize_t slot_bytes, int size, int rank,
-                  int threads, double rail_yield_s, double rail_sleep_s):
+                  size_t stages, Py_ssize_t stage_bytes, Py_ssize_t slot_bytes, int size, int rank, int threads,
+                  double rail_yield_s, double rail_sleep_s):
         self.node.control, self.node.row_words = <long long*>control, row_words
         self.node.local_size, self.node.local_rank, self.node.timeout = local_size, local_rank, timeout
-        self.node.spin_s = spin_s
         self.stages, self.stage_bytes, self.slot_bytes = <char*>stages, stage_bytes, slot_bytes
         self.size, self.rank, self.threads = size, rank, threads
         self.rail_yield_s, self.rail_sleep_ns = rail_yield_s, <long>(rail_sleep_s * 1e9)
@@ -252,7 +250,7 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
         votes[0] = differs
         for i in range(DESCRIPTOR_FIELDS):
             votes[1 + i], votes[1 + DESCRIPTOR_FIELDS + i] = other[i], -other[i]
-        waited = _run_rail(vote, node.timeout, node.spin_s, rail_yield_s, rail_sleep_ns, VOTE_STOPPED)
+        waited = _run_rail(vote, node.timeout, rail_yield_s, rail_sleep_ns, VOTE_STOPPED)
         if waited != WAITED:
             return waited
         differs = votes[0] != 0
@@ -281,7 +279,7 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
         if reduce_nogil(kind, itemsize, result + lo, inputs, node.local_size, (hi - lo) // itemsize, code,
                         threads, divisor):
             return NO_MEMORY
-        waited = _run_rail(rail, node.timeout, node.spin_s, rail_yield_s, rail_sleep_ns, RAIL_STOPPED)
+        waited = _run_rail(rail, node.timeout, rail_yield_s, rail_sleep_ns, RAIL_STOPPED)
         if waited != WAITED:
             return waited
     _publish(node, REDUCED, g + 1)

@@ -2,4 +2,4 @@
 from libc.stdint cimport int64_t
 
 cdef bint counters_reached(const long long* words, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t column,
-                           int64_t target, double seconds, double spin_s) noexcept nogil
+                           int64_t target, double seconds) noexcept nogil

@@ -4,12 +4,12 @@
 A Python polling loop takes the GIL back after every yield, and a thread waiting for the GIL (the
 caller's training loop, torch's autograd thread) then waits out the 5 ms switch interval each time.
 Here the spin runs with the GIL released: it reads one int64 word per local rank (acquire loads),
-spins for spin_s (where the engine says each rank has a core), then yields the CPU between rounds, and after a while naps between rounds so
-idle ranks leave the cores to others.
+yields the CPU between rounds, and after a while naps between rounds so idle ranks leave the cores
+to others.
 """
 from libc.stdint cimport int64_t
 
-from hfr._wait cimport hfr_nap, hfr_now, hfr_relax, sched_yield
+from hfr._wait cimport hfr_nap, hfr_now, sched_yield
 
 cdef extern from *:
     """
@@ -22,10 +22,9 @@ cdef long NAP_NS = 20000
 
 
 cdef bint counters_reached(const long long* words, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t column,
-                           int64_t target, double seconds, double spin_s) noexcept nogil:
+                           int64_t target, double seconds) noexcept nogil:
     """True once word `column` of every row (rows of row_words int64 at words) is >= target; False if
-    `seconds` pass first. The first spin_s of it spins (no system call: a peer a few microseconds behind
-    is seen at once), then it yields, then it naps."""
+    `seconds` pass first."""
     cdef Py_ssize_t r
     cdef bint reached
     cdef double start = hfr_now(), now
@@ -40,9 +39,7 @@ cdef bint counters_reached(const long long* words, Py_ssize_t row_words, Py_ssiz
         now = hfr_now()
         if now - start > seconds:
             return False
-        if now - start < spin_s:
-            hfr_relax()
-        elif now - start < SPIN_S:
+        if now - start < SPIN_S:
             sched_yield()
         else:
             hfr_nap(NAP_NS)
@@ -50,8 +47,8 @@ cdef bint counters_reached(const long long* words, Py_ssize_t row_words, Py_ssiz
 
 def all_reached(size_t address, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t column,
                 int64_t target, double seconds) -> bool:
-    """counters_reached with the GIL released (no spin: the Python loop waits mostly for copies)."""
+    """counters_reached with the GIL released."""
     cdef bint reached
     with nogil:
-        reached = counters_reached(<const long long *>address, row_words, rows, column, target, seconds, 0.0)
+        reached = counters_reached(<const long long *>address, row_words, rows, column, target, seconds)
     return reached

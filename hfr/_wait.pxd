@@ -1,6 +1,6 @@
 # Waiting in C with the GIL released, shared by hfr/_spin.pyx, hfr/_node_call.pyx and hfr/_internode.pyx:
 # a monotonic clock in seconds (time.monotonic()'s, so Python deadlines compare with it), a nap,
-# sched_yield, a pause for busy waits (a spin_s of their own: spinning suits a host with a core per rank), and a look at pending signals (Ctrl-C), as a Python polling loop would take.
+# sched_yield, and a look at pending signals (Ctrl-C), as a Python polling loop would take.
 cdef extern from *:
     """
     #include <sched.h>
@@ -9,19 +9,10 @@ cdef extern from *:
         struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec;
     }
     static inline void hfr_nap(long ns) { struct timespec t = {0, ns}; nanosleep(&t, NULL); }
-    /* one round of a busy wait: tells the core we spin (x86 pause, arm yield), no system call */
-    static inline void hfr_relax(void) {
-    #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-    #elif defined(__aarch64__)
-        __asm__ __volatile__("yield");
-    #endif
-    }
     #define HFR_SIGNAL_CHECK_S 0.05  /* a long wait in C looks at pending signals this often */
     """
     double hfr_now() nogil
     void hfr_nap(long ns) nogil
-    void hfr_relax() nogil
     int sched_yield() nogil
     const double HFR_SIGNAL_CHECK_S
 

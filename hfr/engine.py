@@ -63,10 +63,6 @@ DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "reduce_scatter", "allgather")  # wire codes: append only
 SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
 WHOLE_UP_TO_BYTES = 4096  # whole calls (the terms above): reducing 4 KiB per rank costs less than a hand-off
-# A call in C first spins this long in each wait (a peer a few microseconds behind is seen at once, where
-# sched_yield's system call costs ~0.5-1 us a round), where the host has a core for each of its ranks;
-# where ranks share cores, spinning keeps the peer it waits for off the core (4 ranks on 2 cores: 5x slower).
-SPIN_S = 20e-6
 SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are retired again
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
@@ -123,9 +119,8 @@ class Engine:
         self.segment = Segment(node_comm, chunk_bytes, STAGES)
         self._reduce = kernels.unchecked_reducer()  # our slots and slices are valid by construction
         self._in_c = self._reduce is _kernels.reduce  # calls of one chunk run in C (_run says which)
-        spin_s = SPIN_S if layout.host_size <= (os.cpu_count() or 1) else 0.0
         self._node_call = _node_call.NodeCall(
-            self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout, spin_s,
+            self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
             self.segment.slot_address(0, 0), self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
             layout.rank, threads, internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
         # Calls in C across nodes poll the call check's vote and their slice's allreduce over the rail:
