@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
+import _tree  # noqa: F401  (this checkout's hfr first: A/B runs of two trees)
 import hfr
 from hfr import internode
 from hfr.ops import Op

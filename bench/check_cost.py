@@ -18,6 +18,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+import _tree  # noqa: F401  (this checkout's hfr first: A/B runs of two trees)
 import hfr
 from hfr.engine import Engine
 from hfr.settings import parse_bytes

@@ -13,6 +13,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+import _tree  # noqa: F401  (this checkout's hfr first: A/B runs of two trees)
 from hfr import internode
 from hfr.ops import Op
 

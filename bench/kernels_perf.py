@@ -17,6 +17,7 @@ import time
 import ml_dtypes
 import numpy as np
 
+import _tree  # noqa: F401  (this checkout's hfr first: A/B runs of two trees)
 from hfr import kernels
 from hfr._kernels import parallel_copy
 

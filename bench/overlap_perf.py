@@ -24,6 +24,7 @@ import cupyx
 import numpy as np
 from mpi4py import MPI
 
+import _tree  # noqa: F401  (this checkout's hfr first: A/B runs of two trees)
 import hfr
 
 
