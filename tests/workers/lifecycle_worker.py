@@ -9,7 +9,8 @@ absent    the last rank never makes its first call: hfr.allreduce (the default C
 close     the last rank's communicator fails (it alone calls, and times out); the others' close() then
           returns at once instead of entering the window's collective free without it.
 foreign   a failure that is not hfr's (MemoryError in the kernel) reaches Work.wait() as an HFRError
-          whose __cause__ is the original; the communicator then refuses calls.
+          whose __cause__ is the original; the communicator then refuses calls. On one node it fails a
+          whole call, which the others finish right (their next call times out).
 race      a call that passed its checks just before close() ran is refused (HFRError), never "done"
           with the caller's own input.
 interrupt a signal handler that raises (Ctrl-C's KeyboardInterrupt) during a call waiting in C for a
@@ -88,7 +89,11 @@ elif scenario == "close":
     os._exit(0)
 elif scenario == "foreign":
     comm = hfr.Communicator(world, timeout=TIMEOUT)
-    n = 4096  # past WHOLE_UP_TO_BYTES: the others need the failed rank's slice (a whole call reduces its own)
+    n = 4096  # past WHOLE_UP_TO_BYTES: the others need the failed rank's slice
+    # On one node the failure comes in a whole call: every rank's data is in the slots by then, so the
+    # others reduce their out from there, right, and find the failed rank missing at their next call.
+    whole = comm.nnodes == 1
+    failing = 10 if whole else n
     if rank == last:
         def no_memory(*args):
             raise MemoryError("no memory for the scratch tiles (injected)")
@@ -96,10 +101,13 @@ elif scenario == "foreign":
         comm._engine._reduce = no_memory
         comm._engine._in_c = False  # the Python loop calls _reduce (the C path reduces in C)
         error = expect(hfr.HFRError, "MemoryError: no memory",
-                       lambda: comm.allreduce(np.ones(n, np.float32), out=np.empty(n, np.float32)))
+                       lambda: comm.allreduce(np.ones(failing, np.float32), out=np.empty(failing, np.float32)))
         assert isinstance(error.__cause__, MemoryError), repr(error.__cause__)
         expect(hfr.HFRError, "failed earlier", lambda: comm.allreduce(np.ones(10, np.float32)))
     else:  # waiting for the failed rank: on the node's counters, or on the rail
+        if whole:
+            got = comm.allreduce(np.ones(failing, np.float32), out=np.full(failing, np.nan, np.float32))
+            assert (got == size).all(), got
         expect(hfr.HFRTimeoutError, "", lambda: comm.allreduce(np.ones(n, np.float32), out=np.empty(n, np.float32)))
     done()
     world.Barrier()  # hfr works on its own Dup; an early exit would make the launcher end the others
