@@ -11,7 +11,8 @@ chunk g, on stage g % STAGES, with the GIL released from the first step to the l
              rail (a max-allreduce of every node's verdict and descriptor). A difference returns before
              any other counter moves, so every rank's counters stay as they were
   reduce     ARRIVED; our slice of the inputs into the result slot (avg divided there); across nodes,
-             the slice's allreduce over the rail; then REDUCED
+             the slice's allreduce over the rail; then REDUCED (of a whole call, below, only once done
+             reading the input slots)
   copy out   our part of the result slot into out, then CONSUMED. A small call (WHOLE_UP_TO_BYTES, one
              node, host out) instead reduces out's part straight from the input slots, which hold all
              of every rank's x (the same kernel in the same slot order: the same bits), without waiting
@@ -47,7 +48,7 @@ cdef extern from *:
 cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the engine names it), a _STOPPED
     # one a schedule on the rail that did not finish (the schedule says why)
     DONE, MISMATCH, NO_MEMORY, WAIT_CALL, WAIT_RESULT_SLOT, WAIT_ARRIVED, WAIT_PREVIOUS_RESULT, WAIT_REDUCED
-    VOTE_STOPPED, RAIL_STOPPED, WAIT_INPUT_SLOT
+    VOTE_STOPPED, RAIL_STOPPED
 cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
     WAITED = -2  # a wait that reached its target
@@ -225,11 +226,10 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
         for i in range(DESCRIPTOR_FIELDS):
             row[column + i] = fields[i]
         _publish(node, ANNOUNCED, calls_done + 1)
-    # copy in: what the others reduce (our own slice stays in x), once our slot's last readers are done
+    # copy in: what the others reduce (our own slice stays in x). Our slot's last readers are done: they
+    # read it for chunk g - STAGES, and every rank had published REDUCED for it before its ARRIVED g that
+    # we saw at chunk g - 1 (the engine's terms)
     if deposits and not into_result:
-        waited = _wait_all(node, REDUCED, g - STAGES + 1, WAIT_INPUT_SLOT)
-        if waited != WAITED:
-            return waited
         if whole:
             if _copy(own_slot, x, total, threads):
                 return NO_MEMORY
@@ -282,19 +282,20 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
         waited = _run_rail(rail, node.timeout, rail_yield_s, rail_sleep_ns, RAIL_STOPPED)
         if waited != WAITED:
             return waited
-    _publish(node, REDUCED, g + 1)
     # copy out: out's part [a, b) of the chunk
     a, b = max(0, out_at), min(total, out_at + out_nbytes)
     if not copies_out:
         a = b
-    if whole and copy_out:
+    if whole and copy_out:  # from the input slots, then REDUCED: the next chunk's copies in may overwrite them
         if a < b:
             for j in range(node.local_size):
                 inputs[j] = slots + j * slot_bytes + a
             if reduce_nogil(kind, itemsize, out + a - out_at, inputs, node.local_size, (b - a) // itemsize, code,
                             threads, divisor):
                 return NO_MEMORY
+        _publish(node, REDUCED, g + 1)
     else:
+        _publish(node, REDUCED, g + 1)
         waited = _wait_all(node, REDUCED, g + 1, WAIT_REDUCED)
         if waited != WAITED:
             return waited

@@ -9,7 +9,7 @@ Ranks of a node synchronise through four monotonic **counters** in their control
 only by its owner and read by the others ("I have done this step for chunks up to here"):
   ANNOUNCED  calls whose descriptor I have written (checked by everyone before data leaves a rank)
   ARRIVED    chunks I have copied into my input slot
-  REDUCED    chunks whose slice I own is final in the result slot
+  REDUCED    chunks whose slice I own is final in the result slot, their input slots read by me
   CONSUMED   chunks I have copied out of the result slot
   CLOSING    set once, by close(): HEALTHY, or BROKEN when this rank's communicator failed
 A stage's input slots are reused once every rank has REDUCED the chunk that used them before, its
@@ -17,9 +17,11 @@ result slot once every rank has CONSUMED it. So copies into the segment run ahea
 chunks, while other chunks are reduced, travel and are copied back. A host (NumPy) array's owner reads
 its own slice straight from the array, so its slot holds only the slices the others need.
 A **whole** call (one node, at most WHOLE_UP_TO_BYTES) copies all of x into every input slot, and a
-rank whose out is on the host reduces its part of out straight from the slots (hfr/_node_call.pyx)
-rather than wait for the others' slices: such a rank can leave a call while the others still read its
-slot, so every rank checks the REDUCED rule above before it copies into its input slot.
+rank whose out is on the host reduces its part of out straight from the slots (hfr/_node_call.pyx),
+then publishes REDUCED, rather than wait for the others' slices: it can leave the call while the
+others still read its slot. A copy in made after the ARRIVED wait of the chunk before is safe (every
+rank had published REDUCED for the chunk STAGES back before that ARRIVED); the copies ahead of the
+call check (a call's first STAGES chunks, in the Python loop) wait for the REDUCED rule themselves.
 """
 from __future__ import annotations
 
@@ -68,7 +70,6 @@ _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
 _STAGED = ("allreduce", "reduce", "reduce_scatter")  # the CUDA calls that run in C: x whole in our input slot
 _RAIL_IN_C = ("doubling", "halving")  # the inter-node algorithms a call in C polls (hfr/_internode.pyx's Doubling)
-_SLOT_READERS = "the node's ranks to finish reading our input slot"  # a timeout's words (the terms above)
 _RAIL_SHAPES_KEPT = 64  # calls in C across nodes: the rail schedules kept for this many call shapes
 
 
@@ -320,7 +321,8 @@ class Engine:
             first, count, lo, hi = bounds(c)
             start, nbytes = first * itemsize, count * itemsize
             if not into_result:
-                self._wait_all(REDUCED, g - STAGES + 1, f"{call.collective} chunk {c + 1}/{nchunks}: {_SLOT_READERS}")
+                self._wait_all(REDUCED, g - STAGES + 1,
+                               f"{call.collective} chunk {c + 1}/{nchunks}: the node's ranks to finish reading our input slot")
             dst = segment.result(g % STAGES) if into_result else segment.slot(g % STAGES, layout.local_rank)
             if own_slice_from_x:
                 copies.to_segment(dst[: lo * itemsize], x.flat, start)
@@ -471,9 +473,6 @@ class Engine:
     def _one_chunk_failed(self, call: Call, outcome: int, g: int, vote, rail) -> None:
         """Raise what the C path's outcome means, as the Python loop would have at the same step."""
         Outcome = _node_call.Outcome
-        where = f"{call.collective} chunk 1/1"
-        if outcome == Outcome.WAIT_INPUT_SLOT:
-            raise self._timed_out(f"{where}: {_SLOT_READERS}", self._laggards(REDUCED, g - STAGES + 1))
         if outcome == Outcome.WAIT_CALL:
             raise self._timed_out(f"{call.collective}: the node's ranks to make the call",
                                   self._laggards(ANNOUNCED, self._calls_done + 1))
@@ -489,6 +488,7 @@ class Engine:
             self._raise_mismatch(call.descriptor())
         if outcome == Outcome.NO_MEMORY:
             raise MemoryError("no memory for the kernel's scratch tiles")
+        where = f"{call.collective} chunk 1/1"
         column, target, what = {
             Outcome.WAIT_RESULT_SLOT: (CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out"),
             Outcome.WAIT_ARRIVED: (ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in"),

@@ -36,6 +36,14 @@ def test_calls_in_c_and_in_the_python_loop_work_together(nprocs, local_size):
     assert "collectives ok" in run_mpi(nprocs, "collectives_worker.py", json.dumps(cfg), timeout=240).stdout
 
 
+def test_a_whole_call_is_not_overwritten_by_the_next_calls_copies_ahead():
+    """A whole call's rank reduces its out from the input slots and may leave while a slower rank still
+    reads them; the next call, of three chunks, copies its third chunk into that stage before its call
+    check. 20000 rounds on 3 ranks: before REDUCED waited for the whole call's reading, 2-5 went wrong."""
+    out = run_mpi(3, "slot_reuse_worker.py", "20000", timeout=180).stdout
+    assert "20000 iterations: 0 results wrong" in out, out
+
+
 @pytest.mark.parametrize("algo", ["dbtree", "doubling", "halving", "gather", "ring", "mpi"])
 def test_every_inter_node_algo_through_the_engine(algo):
     """HFR_ALGO on 2 emulated nodes of 2 ranks: right results; the bits of all but ring and mpi do not depend
