@@ -302,7 +302,8 @@ class Engine:
         algo = self._algo_for(call) if layout.nnodes > 1 else None
         pending_in: dict[int, Any] = {}
 
-        # A host array's own slice is read by its owner straight from x: only the others are copied in.
+        # A host array's own slice is read by its owner straight from x: only the others are copied in;
+        # all of x in a whole call (the terms above), whose ranks in C reduce their out from the slots.
         whole = layout.nnodes == 1 and call.nbytes <= WHOLE_UP_TO_BYTES
         own_slice_from_x = x.kind == "numpy" and not into_result and not whole
         # With one rank a node, that rank's data is its node's sum: a host array's allreduce then works
@@ -321,8 +322,8 @@ class Engine:
             first, count, lo, hi = bounds(c)
             start, nbytes = first * itemsize, count * itemsize
             if not into_result:
-                self._wait_all(REDUCED, g - STAGES + 1,
-                               f"{call.collective} chunk {c + 1}/{nchunks}: the node's ranks to finish reading our input slot")
+                where = f"{call.collective} chunk {c + 1}/{nchunks}"
+                self._wait_all(REDUCED, g - STAGES + 1, f"{where}: the node's ranks to finish reading our input slot")
             dst = segment.result(g % STAGES) if into_result else segment.slot(g % STAGES, layout.local_rank)
             if own_slice_from_x:
                 copies.to_segment(dst[: lo * itemsize], x.flat, start)
