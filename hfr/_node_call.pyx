@@ -215,7 +215,7 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
     cdef bint differs = False
     cdef Py_ssize_t a, b, i
     cdef int j, waited
-    cdef bint whole = vote.advance == NULL and not into_result and total <= WHOLE_UP_TO_BYTES
+    cdef bint whole = vote.advance == NULL and not into_result and total <= WHOLE_UP_TO_BYTES  # no vote: one node
     if collective == REDUCE:
         copies_out = is_root
     elif collective == BROADCAST:

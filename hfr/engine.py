@@ -128,8 +128,8 @@ class Engine:
         # made once (the vote) or once per call shape (the data, sharing one scratch: calls run one at
         # a time), then rewound for each later call, since making them costs more than a small call's
         # exchanges. Only schedules that finished run again: a call that stops one breaks the engine.
-        if layout.nnodes > 1:
-            self._vote = internode.vote_schedule(rail_comm, np.empty(1 + 2 * len(DESCRIPTOR_FIELDS), np.int64))
+        self._vote = None if layout.nnodes == 1 else internode.vote_schedule(
+            rail_comm, np.empty(1 + 2 * len(DESCRIPTOR_FIELDS), np.int64))
         self._rail_shapes: dict[tuple, Any] = {}
         self._rail_scratch = np.empty(0, np.uint8)
         self.broken: Optional[BaseException] = None
