@@ -2,14 +2,20 @@
 
     mpiexec -n 2 python -m mpi4py bench/call_parts.py [--bytes 8] [--calls 3000] [--rounds 3]
     HFR_LOCAL_SIZE=1 mpiexec -n 4 python -m mpi4py bench/call_parts.py   # 4 emulated nodes of one rank
+    mpiexec -n 4 python -m mpi4py bench/call_parts.py --array cupy   # a CuPy array's call, in pieces
 
-Rank 0 prints the median over rounds of the mean time of one call (us), NumPy float32 sum in place:
+Rank 0 prints the median over rounds of the mean time of one call (us), float32 sum in place:
   hfr       comm.allreduce(x): a call of one chunk, which runs in C (hfr/_node_call.pyx)
   vote      across nodes only: the call check's vote alone (internode.vote, a doubling of 11 int64)
   doubling  across nodes only: the data's doubling alone (internode.allreduce(..., algo="doubling"))
   mpi       MPI_Allreduce of x over all ranks
   python    comm.allreduce(x) with the C call replaced by one that returns at once: the Python around
-            it (no rank waits for another then; measured last, as it leaves the node's counters behind)
+            it (no rank waits for another then; measured last, as it leaves the node's counters behind);
+            with --array cupy that includes the call's two copies
+With --array cupy (x on the GPU) also:
+  host      the same call on a NumPy array: the C call alone, without copies
+  d2h, h2d  one copy of x between the GPU and page-locked memory, then a stream synchronize
+  mpi-staged  d2h, MPI_Allreduce on the host, h2d: the peer bench/allreduce_perf.py times
 Unlike bench/allreduce_perf.py no barrier separates the calls: this is the cost per call of a stream
 of calls, without the skew a barrier leaves between ranks.
 """
@@ -41,20 +47,24 @@ def main() -> None:
     p.add_argument("--bytes", default="8")
     p.add_argument("--calls", type=int, default=3000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--array", choices=("numpy", "cupy"), default="numpy")
     args = p.parse_args()
     world = MPI.COMM_WORLD
     comm = hfr.Communicator(world)
     if comm.size == 1:
         raise SystemExit("call_parts.py needs 2 or more ranks")
-    x = np.ones(max(1, parse_bytes(args.bytes, "--bytes") // 4), np.float32)
+    host = np.ones(max(1, parse_bytes(args.bytes, "--bytes") // 4), np.float32)
     votes = np.zeros(11, np.int64)
     engine = comm._engine
+    x = host if args.array == "numpy" else _on_gpu(host, world)
     parts: dict[str, Callable[[], object]] = {"hfr": lambda: comm.allreduce(x)}
+    if args.array == "cupy":
+        parts.update(_cupy_parts(comm, world, x, host))
     if comm.nnodes > 1:
         rail = engine.rail_comm
         parts["vote"] = lambda: internode.vote(rail, votes, None)
         parts["doubling"] = lambda: internode.allreduce(rail, x, 0, Op.SUM, algo="doubling")
-    parts["mpi"] = lambda: world.Allreduce(MPI.IN_PLACE, x)
+    parts["mpi"] = lambda: world.Allreduce(MPI.IN_PLACE, host)
     times: dict[str, list] = {name: [] for name in [*parts, "python"]}
     for _ in range(args.rounds):
         for name, call in parts.items():
@@ -64,9 +74,41 @@ def main() -> None:
         times["python"].append(_seconds_per_call(lambda: comm.allreduce(x), args.calls, world))
     comm.close()
     if world.rank == 0:
-        print(f"# {comm.size} ranks, {comm.nnodes} node(s), {x.nbytes} B float32 sum in place, us a call "
+        print(f"# {comm.size} ranks, {comm.nnodes} node(s), {x.nbytes} B {args.array} float32 sum in place, us a call "
               f"(median of {args.rounds} rounds of {args.calls})")
         print("  ".join(f"{name} {statistics.median(t) * 1e6:.2f}" for name, t in times.items()))
+
+
+def _on_gpu(host: np.ndarray, world: MPI.Comm):
+    """host's values on this rank's GPU (ranks share GPUs round-robin)."""
+    import cupy
+
+    cupy.cuda.Device(world.rank % cupy.cuda.runtime.getDeviceCount()).use()
+    return cupy.asarray(host)
+
+
+def _cupy_parts(comm: "hfr.Communicator", world: MPI.Comm, x, host: np.ndarray) -> dict[str, Callable[[], object]]:
+    """The pieces of a CuPy call, each alone: the C call on a host array, each copy, and mpi-staged."""
+    import cupy
+    import cupyx
+
+    pinned = cupyx.empty_pinned(x.size, x.dtype)
+    stream = cupy.cuda.get_current_stream()
+
+    def d2h() -> None:
+        x.get(out=pinned, stream=stream)
+        stream.synchronize()
+
+    def h2d() -> None:
+        x.set(pinned, stream=stream)
+        stream.synchronize()
+
+    def staged() -> None:
+        d2h()
+        world.Allreduce(MPI.IN_PLACE, pinned)
+        h2d()
+
+    return {"host": lambda: comm.allreduce(host), "d2h": d2h, "h2d": h2d, "mpi-staged": staged}
 
 
 def _seconds_per_call(call: Callable[[], object], calls: int, world: MPI.Comm) -> float:
