@@ -48,7 +48,7 @@ class Communicator:
             wait, problem = settings.DEFAULT_TIMEOUT, error  # still tell the others, within the default
         else:
             problem = None
-        chunk = algo = wanted = None
+        chunk = algo = wanted = kernel = None
         if problem is None:
             try:
                 if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -57,10 +57,13 @@ class Communicator:
                 chunk, algo = settings.chunk_bytes(chunk_bytes), settings.algo()
                 wanted = topology.requested_local_size(local_size)
                 settings.num_threads()
-                kernels.unchecked_reducer()  # HFR_KERNEL names a backend that works here
+                kernel = kernels.backend_name()  # HFR_KERNEL names a backend that works here
             except (ValueError, TypeError, HFRError) as error:
                 problem = error
-        _agree_on_settings(comm, problem, {"chunk_bytes": chunk, "HFR_ALGO": algo, "local_size": wanted}, wait)
+        # The same kernels everywhere too: across nodes both partners of a doubling step combine the same
+        # two partials, and only the same kernels promise the same bits.
+        _agree_on_settings(comm, problem, {"chunk_bytes": chunk, "HFR_ALGO": algo, "local_size": wanted,
+                                           "HFR_KERNEL": kernel}, wait)
         self._comm = comm.Dup()
         try:
             self._layout, node_comm, rail_comm = topology.split(self._comm, local_size)

@@ -15,7 +15,7 @@ import numpy as np
 
 from .ops import Op, OpLike, accumulation_dtype, as_dtype, as_op, is_float
 
-__all__ = ["reduce_into", "unchecked_reducer", "available_backends", "BACKENDS"]
+__all__ = ["reduce_into", "unchecked_reducer", "backend_name", "available_backends", "BACKENDS"]
 
 BACKENDS = ("cython", "numba", "numpy")
 KERNEL_OPS = (Op.SUM, Op.MAX, Op.MIN, Op.PROD)  # the ops that combine; AVG is SUM then one division
@@ -137,16 +137,21 @@ def unchecked_reducer(backend: Optional[str] = None) -> ReduceFn:
     return _choose(backend)
 
 
-def _choose(backend: Optional[str]) -> ReduceFn:
+def backend_name(backend: Optional[str] = None) -> str:
+    """The backend reduce_into would use: backend, else HFR_KERNEL, else the fastest available
+    (ValueError if it is unknown or not available here)."""
     import os
 
     name = backend or os.environ.get("HFR_KERNEL") or _fastest_backend()
     if name not in BACKENDS:
         raise ValueError(f"unknown kernel backend {name!r}: expected one of {list(BACKENDS)}")
-    fn = _load(name)
-    if fn is None:
+    if _load(name) is None:
         raise ValueError(f"kernel backend {name!r} is not available here (available: {available_backends()})")
-    return fn
+    return name
+
+
+def _choose(backend: Optional[str]) -> ReduceFn:
+    return _load(backend_name(backend))
 
 
 def _threads(threads: Optional[int]) -> int:

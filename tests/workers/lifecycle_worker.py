@@ -61,6 +61,9 @@ if scenario == "settings":
     os.environ["HFR_ALGO"] = "ring" if rank == last else "auto"
     expect(ValueError, "HFR_ALGO must be the same on every rank", lambda: hfr.Communicator(world, timeout=TIMEOUT))
     os.environ["HFR_ALGO"] = "auto"
+    os.environ["HFR_KERNEL"] = "numpy" if rank == last else "cython"
+    expect(ValueError, "HFR_KERNEL must be the same on every rank", lambda: hfr.Communicator(world, timeout=TIMEOUT))
+    del os.environ["HFR_KERNEL"]
     with hfr.Communicator(world, timeout=TIMEOUT) as comm:
         x = np.arange(1000, dtype=np.float32) + rank
         assert np.array_equal(comm.allreduce(x), np.arange(1000, dtype=np.float32) * size + size * (size - 1) / 2)
