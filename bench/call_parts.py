@@ -6,7 +6,7 @@
 
 Rank 0 prints the median over rounds of the mean time of one call (us), float32 sum in place:
   hfr       comm.allreduce(x): a call of one chunk, which runs in C (hfr/_node_call.pyx)
-  vote      across nodes only: the call check's vote alone (internode.vote, a doubling of 11 int64)
+  vote      across nodes only: the call check's vote alone, no data in its record (internode.vote)
   doubling  across nodes only: the data's doubling alone (internode.allreduce(..., algo="doubling"))
   mpi       MPI_Allreduce of x over all ranks
   python    comm.allreduce(x) with the C call replaced by one that returns at once: the Python around
@@ -54,7 +54,6 @@ def main() -> None:
     if comm.size == 1:
         raise SystemExit("call_parts.py needs 2 or more ranks")
     host = np.ones(max(1, parse_bytes(args.bytes, "--bytes") // 4), np.float32)
-    votes = np.zeros(11, np.int64)
     engine = comm._engine
     x = host if args.array == "numpy" else _on_gpu(host, world)
     parts: dict[str, Callable[[], object]] = {"hfr": lambda: comm.allreduce(x)}
@@ -62,7 +61,8 @@ def main() -> None:
         parts.update(_cupy_parts(comm, world, x, host))
     if comm.nnodes > 1:
         rail = engine.rail_comm
-        parts["vote"] = lambda: internode.vote(rail, votes, None)
+        vote = internode.vote_schedule(rail, internode.VoteRecord())
+        parts["vote"] = lambda: (vote.rewind(), internode.vote(rail, vote, None))
         parts["doubling"] = lambda: internode.allreduce(rail, x, 0, Op.SUM, algo="doubling")
     parts["mpi"] = lambda: world.Allreduce(MPI.IN_PLACE, host)
     times: dict[str, list] = {name: [] for name in [*parts, "python"]}

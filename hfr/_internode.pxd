@@ -8,6 +8,9 @@ cdef enum:
     NO_MEMORY = -1  # Call.error when the kernel had no memory for its scratch tiles
     INTERRUPTED = -2  # Call.error when a signal handler raised (Ctrl-C): its exception is left set
 
+cdef enum:
+    VOTE_WORDS = 11  # a vote record's int64 votes, before its data (hfr/_internode.pyx, "vote records")
+
 ctypedef uint64_t Request  # storage for one MPI_Request: an int (MPICH) or a pointer
 
 ctypedef struct Call:  # what every step of one call's schedule shares

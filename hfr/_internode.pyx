@@ -29,6 +29,14 @@ For d = 1 .. p/2 the owned ranges are swapped back, so ranges double until every
 Each element meets the same pairs in the same order, so its bits too depend on n, dtype, op and data alone
 (not the same bits as doubling's, which pairs low bit first).
 
+vote records (the call check's vote, hfr/internode.py): a doubling whose every message is a *record*:
+VOTE_WORDS int64 *votes*, [flag, v, -v] (v: a call's descriptor), then the data, if any (`count` elements,
+at most the room the record buffer has after the votes). Votes combine by max; the data combines as in
+doubling only where the two records *agree*: neither flag set, the same v, and v = -(-v) in each (no two
+calls met yet). So where every rank voted for the same call the data is allreduced, bit for bit as
+doubling would; elsewhere the votes say so and the data is left as it is. Every receive takes the whole
+room, since records of different calls differ in length.
+
 ring: reduce-scatter then allgather around the rail over n segments of fixed granules, as
 hfr/internode.py defines them; each step posts one message per granule of the segment it sends right and
 of the one it receives from the left, and a reduce-scatter step combines (ours op theirs) once all have
@@ -54,7 +62,7 @@ from mpi4py import MPI
 
 cnp.import_array()
 
-__all__ = ["TreePipeline", "Doubling", "Ring", "ring_scratch_elements", "BLOCKS_IN_FLIGHT"]
+__all__ = ["TreePipeline", "Doubling", "Ring", "ring_scratch_elements", "BLOCKS_IN_FLIGHT", "VOTE_RECORD_WORDS"]
 
 cdef enum:
     IN_FLIGHT = 4  # blocks per tree between two stages (with 1 MiB blocks 4 and 8 measured alike)
@@ -93,6 +101,7 @@ def _bind_mpi() -> None:
 
 _bind_mpi()
 BLOCKS_IN_FLIGHT = IN_FLIGHT
+VOTE_RECORD_WORDS = VOTE_WORDS
 
 
 ctypedef struct Flow:  # one tree's blocks, moving up and/or down
@@ -421,7 +430,8 @@ cdef enum Received:  # what a step does with the peer's elements
 
 ctypedef struct Step:  # one exchange with one peer; element ranges [lo, hi) of buf
     int peer
-    Py_ssize_t send_lo, send_hi  # send_lo == send_hi: nothing to send
+    bint sends  # whether this step sends (its range, which may be empty; a record's votes)
+    Py_ssize_t send_lo, send_hi
     Py_ssize_t recv_lo, recv_hi
     Received received
 
@@ -434,6 +444,8 @@ ctypedef struct Swaps:
     int parts  # room for this many messages per direction (a range goes in parts of at most PART_BYTES)
     char* theirs  # scratch for the peer's elements
     Request* requests  # parts sends, then parts receives
+    Py_ssize_t head  # vote records: the votes' bytes before buf (and before theirs); 0 without
+    Py_ssize_t record_bytes  # vote records: the room a receive takes, votes included
 
 
 cdef int _post(char* data, Py_ssize_t nbytes, bint send, int peer, Swaps* s, Request* requests,
@@ -457,28 +469,60 @@ cdef inline int _nparts(Py_ssize_t nbytes) noexcept nogil:
     return <int>((nbytes + PART_BYTES - 1) // PART_BYTES)
 
 
+cdef inline Py_ssize_t _send_bytes(Swaps* s, Step* step, Call* c) noexcept nogil:
+    """What the step sends, from c.buf + send_lo - head: its range, after a record's votes."""
+    return s.head + (step.send_hi - step.send_lo) * c.itemsize if step.sends else 0
+
+
+cdef inline Py_ssize_t _recv_bytes(Swaps* s, Step* step, Call* c) noexcept nogil:
+    """What the step receives, to its place - head: its range, or a record's whole room."""
+    if step.received == NOTHING:
+        return 0
+    return s.record_bytes if s.head else (step.recv_hi - step.recv_lo) * c.itemsize
+
+
+cdef bint _records_agree(const long long* mine, const long long* theirs) noexcept nogil:
+    """Whether two vote records voted for the same call, with no mismatch met yet (the module notes)."""
+    cdef int fields = (VOTE_WORDS - 1) // 2, i
+    if mine[0] or theirs[0]:
+        return False
+    for i in range(1, VOTE_WORDS):
+        if mine[i] != theirs[i]:
+            return False
+    for i in range(1, 1 + fields):
+        if mine[i] != -mine[i + fields]:
+            return False
+    return True
+
+
 cdef bint _advance_swaps(void* state, Call* c, bint* done) noexcept nogil:
     cdef Swaps* s = <Swaps*>state
     cdef Step* step
+    cdef int i
     cdef void* inputs[2]
     cdef char* mine
     cdef Py_ssize_t count
-    cdef bint moved = False
+    cdef bint moved = False, agree
     while s.step < s.nsteps:
         step = &s.steps[s.step]
         count = step.recv_hi - step.recv_lo
         mine = c.buf + step.recv_lo * c.itemsize
         if not s.posted:
-            if step.received != NOTHING:
-                _post(mine if step.received == RESULT else s.theirs, count * c.itemsize, False, step.peer, s,
-                      s.requests + s.parts, c)
-            _post(c.buf + step.send_lo * c.itemsize, (step.send_hi - step.send_lo) * c.itemsize, True, step.peer,
-                  s, s.requests, c)
+            _post((mine if step.received == RESULT else s.theirs) - s.head, _recv_bytes(s, step, c), False,
+                  step.peer, s, s.requests + s.parts, c)
+            _post(c.buf + step.send_lo * c.itemsize - s.head, _send_bytes(s, step, c), True, step.peer, s,
+                  s.requests, c)
             s.posted, moved = True, True
-        if not (_all_tested(s.requests, _nparts((step.send_hi - step.send_lo) * c.itemsize), c)
-                and _all_tested(s.requests + s.parts, _nparts(count * c.itemsize) if step.received else 0, c)):
+        if not (_all_tested(s.requests, _nparts(_send_bytes(s, step, c)), c)
+                and _all_tested(s.requests + s.parts, _nparts(_recv_bytes(s, step, c)), c)):
             break
-        if step.received == OWN_FIRST or step.received == THEIRS_FIRST:
+        agree = True
+        if s.head and (step.received == OWN_FIRST or step.received == THEIRS_FIRST):  # votes: max
+            agree = _records_agree(<long long*>(mine - s.head), <long long*>(s.theirs - s.head))
+            for i in range(VOTE_WORDS):
+                (<long long*>(mine - s.head))[i] = max((<long long*>(mine - s.head))[i],
+                                                       (<long long*>(s.theirs - s.head))[i])
+        if agree and (step.received == OWN_FIRST or step.received == THEIRS_FIRST):
             # the kernel's out may alias its first input only: theirs first goes into theirs, then to buf
             inputs[0], inputs[1] = (mine, s.theirs) if step.received == OWN_FIRST else (s.theirs, mine)
             if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, count, c.code, c.threads, 1):
@@ -492,13 +536,15 @@ cdef bint _advance_swaps(void* state, Call* c, bint* done) noexcept nogil:
 
 
 cdef class Doubling(Schedule):
-    """One call's recursive doubling, or with halving its recursive halving then doubling (the module
-    notes)."""
+    """One call's recursive doubling, or with halving its recursive halving then doubling, or a doubling
+    of vote records (the module notes)."""
     cdef Swaps swaps
 
     def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, op, cnp.ndarray scratch not None, int threads,
-                  int tag, bint halving):
-        """scratch: contiguous room for buf's bytes."""
+                  int tag, bint halving, cnp.ndarray record=None):
+        """scratch: contiguous room for buf's bytes. With record (uint8, contiguous; doubling only), a
+        doubling of vote records: buf lies in record right after its votes, and scratch has room for
+        all of record, the room every receive takes."""
         cdef int rank = comm.Get_rank(), n = comm.Get_size(), p = 1, d
         cdef Py_ssize_t size = buf.shape[0], lo = 0, hi = size, half
         cdef Py_ssize_t los[64]
@@ -507,31 +553,41 @@ cdef class Doubling(Schedule):
         cdef Swaps* s = &self.swaps
         self.advance, self.state = _advance_swaps, s
         s.requests = NULL
-        if scratch.nbytes < buf.nbytes:
-            raise ValueError(f"scratch holds {scratch.nbytes} bytes, buf {buf.nbytes}")
+        s.head = s.record_bytes = 0
+        if record is not None:
+            self.buffers += (record,)
+            s.head, s.record_bytes = VOTE_WORDS * sizeof(long long), record.nbytes
+            if halving or not record.flags.c_contiguous or record.dtype.itemsize != 1:
+                raise ValueError("a vote record is a contiguous uint8 array, and takes doubling only")
+            if (<char*>cnp.PyArray_DATA(buf) != <char*>cnp.PyArray_DATA(record) + s.head
+                    or record.nbytes < s.head + buf.nbytes or record.nbytes > PART_BYTES):
+                raise ValueError(f"buf must lie in record right after its {VOTE_WORDS} votes "
+                                 f"(record of {record.nbytes} bytes, buf of {buf.nbytes})")
+        if scratch.nbytes < max(buf.nbytes, s.record_bytes):
+            raise ValueError(f"scratch holds {scratch.nbytes} bytes, buf {buf.nbytes}, record {s.record_bytes}")
         while 2 * p <= n:
             p *= 2
         s.nsteps = s.step = s.posted = 0
-        s.tag, s.theirs = tag, <char*>cnp.PyArray_DATA(scratch)
+        s.tag, s.theirs = tag, <char*>cnp.PyArray_DATA(scratch) + s.head
         s.parts = max(1, _nparts(buf.nbytes))
         s.requests = <Request*>calloc(2 * s.parts, sizeof(Request))
         if s.requests == NULL:
             raise MemoryError()
         if rank >= p:  # an extra rank: hand off, then wait for the result
-            self._add(rank - p, 0, size, 0, 0, NOTHING)
-            self._add(rank - p, 0, 0, 0, size, RESULT)
+            self._add(rank - p, True, 0, size, 0, 0, NOTHING)
+            self._add(rank - p, False, 0, 0, 0, size, RESULT)
             return
         if rank + p < n:
-            self._add(rank + p, 0, 0, 0, size, OWN_FIRST)
+            self._add(rank + p, False, 0, 0, 0, size, OWN_FIRST)
         if halving:  # d = p/2 .. 1: keep the half on my side of bit d, send the other, combine the kept one
             d = p // 2
             while d >= 1:
                 los[k], his[k], half = lo, hi, (hi - lo) // 2
                 if rank & d:
-                    self._add(rank ^ d, lo, lo + half, lo + half, hi, THEIRS_FIRST)
+                    self._add(rank ^ d, True, lo, lo + half, lo + half, hi, THEIRS_FIRST)
                     lo += half
                 else:
-                    self._add(rank ^ d, lo + half, hi, lo, lo + half, OWN_FIRST)
+                    self._add(rank ^ d, True, lo + half, hi, lo, lo + half, OWN_FIRST)
                     hi = lo + half
                 k += 1
                 d //= 2
@@ -539,22 +595,22 @@ cdef class Doubling(Schedule):
             while d < p:  # then the halves back, in reverse: I own [lo, hi) of the range I split at this d
                 k -= 1
                 if rank & d:
-                    self._add(rank ^ d, lo, hi, los[k], lo, RESULT)
+                    self._add(rank ^ d, True, lo, hi, los[k], lo, RESULT)
                 else:
-                    self._add(rank ^ d, lo, hi, hi, his[k], RESULT)
+                    self._add(rank ^ d, True, lo, hi, hi, his[k], RESULT)
                 lo, hi = los[k], his[k]
                 d *= 2
         else:
             d = 1
             while d < p:
-                self._add(rank ^ d, 0, size, 0, size, OWN_FIRST if rank < rank ^ d else THEIRS_FIRST)
+                self._add(rank ^ d, True, 0, size, 0, size, OWN_FIRST if rank < rank ^ d else THEIRS_FIRST)
                 d *= 2
         if rank + p < n:
-            self._add(rank + p, 0, size, 0, 0, NOTHING)
+            self._add(rank + p, True, 0, size, 0, 0, NOTHING)
 
-    cdef void _add(self, int peer, Py_ssize_t send_lo, Py_ssize_t send_hi, Py_ssize_t recv_lo, Py_ssize_t recv_hi,
-                   Received received):
-        self.swaps.steps[self.swaps.nsteps] = Step(peer, send_lo, send_hi, recv_lo, recv_hi, received)
+    cdef void _add(self, int peer, bint sends, Py_ssize_t send_lo, Py_ssize_t send_hi, Py_ssize_t recv_lo,
+                   Py_ssize_t recv_hi, Received received):
+        self.swaps.steps[self.swaps.nsteps] = Step(peer, sends, send_lo, send_hi, recv_lo, recv_hi, received)
         self.swaps.nsteps += 1
 
     def __dealloc__(self):
@@ -575,21 +631,18 @@ cdef class Doubling(Schedule):
         waits = []
         if s.step < s.nsteps and s.posted:
             step = &s.steps[s.step]
-            if not _all_tested(s.requests, _nparts((step.send_hi - step.send_lo) * self.call.itemsize), &self.call):
+            if not _all_tested(s.requests, _nparts(_send_bytes(s, step, &self.call)), &self.call):
                 waits.append(f"step {s.step}: to be taken by {step.peer}")
-            if step.received != NOTHING and not _all_tested(
-                    s.requests + s.parts, _nparts((step.recv_hi - step.recv_lo) * self.call.itemsize), &self.call):
+            if not _all_tested(s.requests + s.parts, _nparts(_recv_bytes(s, step, &self.call)), &self.call):
                 waits.append(f"step {s.step}: from {step.peer}")
         return waits
 
     def abandon(self) -> None:
         """Cancel the receives still posted (the sends stay as they are)."""
         cdef Swaps* s = &self.swaps
-        cdef Step* step
         cdef int i
-        if s.step < s.nsteps and s.posted and s.steps[s.step].received != NOTHING:
-            step = &s.steps[s.step]
-            for i in range(_nparts((step.recv_hi - step.recv_lo) * self.call.itemsize)):
+        if s.step < s.nsteps and s.posted:
+            for i in range(_nparts(_recv_bytes(s, &s.steps[s.step], &self.call))):
                 self._cancel(&s.requests[s.parts + i])
 
 

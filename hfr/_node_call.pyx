@@ -13,6 +13,12 @@ chunk g, on stage g % STAGES, with the GIL released from the first step to the l
   reduce     ARRIVED; our slice of the inputs into the result slot (avg divided there); across nodes,
              the slice's allreduce over the rail; then REDUCED (of a whole call, below, only once done
              reading the input slots)
+A *folded* call (across nodes; the engine says which) sends its slice with the vote, in the vote's
+record (hfr/_internode.pyx, "vote records"): one doubling over the rail rather than two. Its node's
+ranks, agreeing on the call, take the reduce's first steps before the vote (ARRIVED, the slice into the
+record) and copy the slice into the result slot after it. If the vote finds that nodes differ, every
+rank of the node has arrived: each ends the chunk (REDUCED, CONSUMED) with no result, so the next call
+finds the node's counters agreeing (MISMATCH_SPENT: the engine counts the chunk as done).
   copy out   our part of the result slot into out, then CONSUMED. A small call (WHOLE_UP_TO_BYTES, one
              node, host out) instead reduces out's part straight from the input slots, which hold all
              of every rank's x (the same kernel in the same slot order: the same bits), without waiting
@@ -26,6 +32,7 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
 from hfr._internode cimport INTERRUPTED as RAIL_INTERRUPTED
+from hfr._internode cimport VOTE_WORDS
 from hfr._internode cimport Call as RailCall
 from hfr._internode cimport Schedule, advance_fn, poll
 from hfr._kernels cimport Kind, copy_nogil, kernel_kind, op_code, reduce_nogil
@@ -48,7 +55,7 @@ cdef extern from *:
 cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the engine names it), a _STOPPED
     # one a schedule on the rail that did not finish (the schedule says why)
     DONE, MISMATCH, NO_MEMORY, WAIT_CALL, WAIT_RESULT_SLOT, WAIT_ARRIVED, WAIT_PREVIOUS_RESULT, WAIT_REDUCED
-    VOTE_STOPPED, RAIL_STOPPED
+    VOTE_STOPPED, RAIL_STOPPED, MISMATCH_SPENT
 cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
     WAITED = -2  # a wait that reached its target
@@ -160,15 +167,17 @@ cdef class NodeCall:
     def run(self, int collective, size_t x, Py_ssize_t x_count, size_t out, Py_ssize_t out_count, object dtype,
             int dtype_code, object op, int op_code_on_wire, int root, Py_ssize_t descriptor_column,
             int64_t calls_done, int64_t g, bint copy_out=True, Schedule vote=None, Schedule rail=None,
-            bint announced=False) -> int:
+            bint announced=False, bint folded=False) -> int:
         """Run the call on chunk g; returns its outcome. x and out are host addresses of x_count and
         out_count elements of dtype (x may be our own input slot of the stage, where a caller copied
         it); op is an hfr.Op, avg dividing the sum by the ranks. Its descriptor is (collective,
         x_count, dtype_code, op_code_on_wire, root), written at descriptor_column. Without copy_out the
         call ends once the result is final: the caller copies it out and publishes CONSUMED.
-        Across nodes, vote is the call check's doubling over 1 + 2 x 5 int64 that this fills, and rail
-        the allreduce of our slice of the result slot (None where the slice is empty). announced: the
-        caller has written the descriptor and ANNOUNCED already (before its own copy into the slot)."""
+        Across nodes, vote is the call check's doubling of vote records, whose votes this fills, and rail
+        the allreduce of our slice of the result slot (None where the slice is empty); folded: the vote's
+        record carries our slice (its data: the slice's elements, none where it is empty) and rail is
+        None. announced: the caller has written the descriptor and ANNOUNCED already (before its own copy
+        into the slot)."""
         cdef Py_ssize_t itemsize = dtype.itemsize
         cdef bint avg = op is Op.AVG
         cdef int code = op_code(Op.SUM if avg else op)
@@ -192,10 +201,32 @@ cdef class NodeCall:
                            self.rank == root, <char*>x, x_count * itemsize, x_at * itemsize, <char*>out,
                            out_count * itemsize, out_at * itemsize, total * itemsize, lo * itemsize, hi * itemsize,
                            kind, itemsize, code, self.size if avg else 1, self.threads, self.inputs, copy_out,
-                           &vote_rail, &data_rail, self.rail_yield_s, self.rail_sleep_ns, announced)
+                           &vote_rail, &data_rail, self.rail_yield_s, self.rail_sleep_ns, announced, folded)
         if outcome == INTERRUPTED:
             raise_pending()
         return outcome
+
+
+cdef int _arrive(Node* node, int64_t g) noexcept nogil:
+    """ARRIVED for chunk g, then wait for every rank's, and for the result slot's last chunk to be copied out."""
+    _publish(node, ARRIVED, g + 1)
+    cdef int waited = _wait_all(node, ARRIVED, g + 1, WAIT_ARRIVED)
+    if waited == WAITED:
+        waited = _wait_all(node, CONSUMED, g - STAGES + 1, WAIT_PREVIOUS_RESULT)
+    hfr_fence()
+    return waited
+
+
+cdef int _reduce_slice(Node* node, char* dst, char* x, char* slots, Py_ssize_t slot_bytes, Py_ssize_t lo,
+                       Py_ssize_t hi, Kind kind, Py_ssize_t itemsize, int code, Py_ssize_t divisor, int threads,
+                       void** inputs) noexcept nogil:
+    """dst = our slice [lo, hi) of the inputs reduced in slot order (ours read from x); NO_MEMORY or 0."""
+    cdef int j
+    for j in range(node.local_size):
+        inputs[j] = (x if j == node.local_rank else slots + j * slot_bytes) + lo
+    if reduce_nogil(kind, itemsize, dst, inputs, node.local_size, (hi - lo) // itemsize, code, threads, divisor):
+        return NO_MEMORY
+    return 0
 
 
 cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_done, int64_t g,
@@ -203,7 +234,7 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
               char* x, Py_ssize_t x_nbytes, Py_ssize_t x_at, char* out, Py_ssize_t out_nbytes, Py_ssize_t out_at,
               Py_ssize_t total, Py_ssize_t lo, Py_ssize_t hi, Kind kind, Py_ssize_t itemsize, int code,
               Py_ssize_t divisor, int threads, void** inputs, bint copy_out, Rail* vote, Rail* rail,
-              double rail_yield_s, long rail_sleep_ns, bint announced) noexcept nogil:
+              double rail_yield_s, long rail_sleep_ns, bint announced, bint folded) noexcept nogil:
     cdef long long* row = node.control + node.local_rank * node.row_words
     cdef long long* other
     cdef long long* votes
@@ -212,7 +243,7 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
     cdef bint into_result = collective == BROADCAST or collective == ALLGATHER
     cdef bint deposits = collective != BROADCAST or is_root
     cdef bint copies_out = True
-    cdef bint differs = False
+    cdef bint differs = False, arrived = False
     cdef Py_ssize_t a, b, i
     cdef int j, waited
     cdef bint whole = vote.advance == NULL and not into_result and total <= WHOLE_UP_TO_BYTES  # no vote: one node
@@ -246,16 +277,31 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
         for i in range(DESCRIPTOR_FIELDS):
             differs = differs or other[i] != fields[i]
     if vote.advance != NULL:
-        votes, other = <long long*>vote.call.buf, node.control + column  # local rank 0's descriptor
+        votes, other = <long long*>vote.call.buf - VOTE_WORDS, node.control + column  # local rank 0's descriptor
         votes[0] = differs
         for i in range(DESCRIPTOR_FIELDS):
             votes[1 + i], votes[1 + DESCRIPTOR_FIELDS + i] = other[i], -other[i]
+        if folded and not differs:  # the reduce's first steps, our slice into the vote's record
+            waited = _arrive(node, g)
+            if waited != WAITED:
+                return waited
+            arrived = True
+            if hi > lo and _reduce_slice(node, vote.call.buf, x, slots, slot_bytes, lo, hi, kind, itemsize, code,
+                                         divisor, threads, inputs):
+                return NO_MEMORY
         waited = _run_rail(vote, node.timeout, rail_yield_s, rail_sleep_ns, VOTE_STOPPED)
         if waited != WAITED:
             return waited
         differs = votes[0] != 0
         for i in range(DESCRIPTOR_FIELDS):
             differs = differs or votes[1 + i] != -votes[1 + DESCRIPTOR_FIELDS + i]
+    if differs and arrived:  # end the chunk with no result, as every rank of the node does
+        _publish(node, REDUCED, g + 1)
+        waited = _wait_all(node, REDUCED, g + 1, WAIT_REDUCED)
+        if waited != WAITED:
+            return waited
+        _publish(node, CONSUMED, g + 1)
+        return MISMATCH_SPENT
     if differs:
         return MISMATCH
     if deposits and into_result:
@@ -266,22 +312,20 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
         if a < b and _copy(result + a, x + a - x_at, b - a, threads):
             return NO_MEMORY
     # reduce
-    _publish(node, ARRIVED, g + 1)
-    waited = _wait_all(node, ARRIVED, g + 1, WAIT_ARRIVED)
-    if waited == WAITED:
-        waited = _wait_all(node, CONSUMED, g - STAGES + 1, WAIT_PREVIOUS_RESULT)
-    if waited != WAITED:
-        return waited
-    hfr_fence()
-    if not into_result and hi > lo:
-        for j in range(node.local_size):
-            inputs[j] = (x if j == node.local_rank else slots + j * slot_bytes) + lo
-        if reduce_nogil(kind, itemsize, result + lo, inputs, node.local_size, (hi - lo) // itemsize, code,
-                        threads, divisor):
+    if arrived:  # folded: the slice came back with the vote
+        if _copy(result + lo, vote.call.buf, hi - lo, threads):
             return NO_MEMORY
-        waited = _run_rail(rail, node.timeout, rail_yield_s, rail_sleep_ns, RAIL_STOPPED)
+    else:
+        waited = _arrive(node, g)
         if waited != WAITED:
             return waited
+        if not into_result and hi > lo:
+            if _reduce_slice(node, result + lo, x, slots, slot_bytes, lo, hi, kind, itemsize, code, divisor,
+                             threads, inputs):
+                return NO_MEMORY
+            waited = _run_rail(rail, node.timeout, rail_yield_s, rail_sleep_ns, RAIL_STOPPED)
+            if waited != WAITED:
+                return waited
     # copy out: out's part [a, b) of the chunk
     a, b = max(0, out_at), min(total, out_at + out_nbytes)
     if not copies_out:

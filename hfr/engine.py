@@ -22,6 +22,11 @@ then publishes REDUCED, rather than wait for the others' slices: it can leave th
 others still read its slot. A copy in made after the ARRIVED wait of the chunk before is safe (every
 rank had published REDUCED for the chunk STAGES back before that ARRIVED); the copies ahead of the
 call check (a call's first STAGES chunks, in the Python loop) wait for the REDUCED rule themselves.
+A **folded** call (across nodes: one chunk of at most _FOLDED_UP_TO_BYTES that takes doubling) sends
+its slice over the rail inside the call check's vote (its record, hfr/_internode.pyx): one doubling,
+not two. Its ranks, agreeing within the node, publish ARRIVED and reduce their slice into the record
+before the vote; if the vote finds that nodes differ, each ends the chunk with no result (REDUCED,
+CONSUMED) before raising, so the node's counters agree for the next call.
 """
 from __future__ import annotations
 
@@ -71,6 +76,7 @@ _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # des
 _STAGED = ("allreduce", "reduce", "reduce_scatter")  # the CUDA calls that run in C: x whole in our input slot
 _RAIL_IN_C = ("doubling", "halving")  # the inter-node algorithms a call in C polls (hfr/_internode.pyx's Doubling)
 _RAIL_SHAPES_KEPT = 64  # calls in C across nodes: the rail schedules kept for this many call shapes
+_FOLDED_UP_TO_BYTES = internode.VOTE_ROOM_BYTES  # folded calls (the terms above): at most the vote record's room
 
 
 @dataclass
@@ -124,12 +130,13 @@ class Engine:
             self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
             self.segment.slot_address(0, 0), self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
             layout.rank, threads, internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
-        # Calls in C across nodes poll the call check's vote and their slice's allreduce over the rail:
-        # made once (the vote) or once per call shape (the data, sharing one scratch: calls run one at
-        # a time), then rewound for each later call, since making them costs more than a small call's
-        # exchanges. Only schedules that finished run again: a call that stops one breaks the engine.
-        self._vote = None if layout.nnodes == 1 else internode.vote_schedule(
-            rail_comm, np.empty(1 + 2 * len(DESCRIPTOR_FIELDS), np.int64))
+        # Calls in C across nodes poll the call check's vote and their slice's allreduce over the rail,
+        # or the vote alone carrying the slice (folded, _FOLDED_UP_TO_BYTES): made once (the bare vote)
+        # or once per call shape (sharing one scratch, or the vote's record: calls run one at a time),
+        # then rewound for each later call, since making them costs more than a small call's exchanges.
+        # Only schedules that finished run again: a call that stops one breaks the engine.
+        self._vote_record = internode.VoteRecord() if layout.nnodes > 1 else None
+        self._vote = None if layout.nnodes == 1 else internode.vote_schedule(rail_comm, self._vote_record)
         self._rail_shapes: dict[tuple, Any] = {}
         self._rail_scratch = np.empty(0, np.uint8)
         self.broken: Optional[BaseException] = None
@@ -300,6 +307,7 @@ class Engine:
         else:
             copies_out = True
         algo = self._algo_for(call) if layout.nnodes > 1 else None
+        folded = self._folded(call)
         pending_in: dict[int, Any] = {}
 
         # A host array's own slice is read by its owner straight from x: only the others are copied in;
@@ -353,8 +361,8 @@ class Engine:
                 deposit(c)
             if c in pending_in:
                 copies.wait(pending_in.pop(c))  # our own copy: it finishes whatever the peers do
-            if c == 0:  # before any counter moves: a mismatch then leaves every rank's counters as they were
-                settle()
+            if c == 0 and not folded:  # before any counter moves: a mismatch then leaves every rank's counters
+                settle()  # as they were
             self._publish(ARRIVED, g + 1)
             self._wait_all(ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in")
             self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out")
@@ -383,14 +391,21 @@ class Engine:
                 # avg: the node's sum divided by every rank's count, here, once (so across nodes the
                 # partial means are summed: no half-type overflow where the mean fits).
                 kernel_op = Op.SUM if call.op is Op.AVG else call.op
-                if call.op is Op.AVG or not (straight_to_out and out.address == x.address):
-                    self._reduce(result, inputs, call.op, self.threads, layout.size)
-                if layout.nnodes > 1 and call.collective in ("allreduce", "reduce_scatter"):
-                    internode.allreduce(self.rail_comm, result, first + lo, kernel_op, algo=algo,
-                                        deadline=deadline, threads=self.threads)
-                elif layout.nnodes > 1:
-                    internode.reduce(self.rail_comm, result, first + lo, kernel_op, root_node, algo=algo,
-                                     deadline=deadline, threads=self.threads)
+                if folded:  # our slice goes with the vote, in its record; a mismatch then ends the chunk
+                    record = self._vote_record.data(hi - lo, x.dtype)
+                    self._reduce(record, inputs, call.op, self.threads, layout.size)
+                    settle(self._rail_schedules(call, stage, folded)[0],
+                           on_mismatch=lambda: self._end_chunk_unused(g, where))
+                    result[...] = record
+                else:
+                    if call.op is Op.AVG or not (straight_to_out and out.address == x.address):
+                        self._reduce(result, inputs, call.op, self.threads, layout.size)
+                    if layout.nnodes > 1 and call.collective in ("allreduce", "reduce_scatter"):
+                        internode.allreduce(self.rail_comm, result, first + lo, kernel_op, algo=algo,
+                                            deadline=deadline, threads=self.threads)
+                    elif layout.nnodes > 1:
+                        internode.reduce(self.rail_comm, result, first + lo, kernel_op, root_node, algo=algo,
+                                         deadline=deadline, threads=self.threads)
             self._publish(REDUCED, g + 1)
             self._wait_all(REDUCED, g + 1, f"{where}: the node's ranks to finish their slices")
             token = None
@@ -405,6 +420,14 @@ class Engine:
         while self._retire_copies_out():
             copies.wait(self._copies_out[-1][1])  # copies out finish in order: the last one last
         self._chunks_done = base + nchunks
+
+    def _end_chunk_unused(self, g: int, where: str) -> None:
+        """A folded call's mismatch: every rank of the node has ARRIVED for chunk g; end it with no result
+        (REDUCED, CONSUMED), as hfr/_node_call.pyx does, so the node's counters agree for the next call."""
+        self._publish(REDUCED, g + 1)
+        self._wait_all(REDUCED, g + 1, f"{where}: the node's ranks to finish their slices")
+        self._publish(CONSUMED, g + 1)  # no copy out is pending: every call retires its own
+        self._chunks_done = g + 1
 
     def _run_one_chunk_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
         """The steps of _run_chunks for its one chunk g, with the GIL released throughout (across nodes
@@ -423,13 +446,14 @@ class Engine:
             x_address = self.segment.slot_address(stage, self.layout.local_rank)
             copies.stage(x_address, x.address, x.nbytes, True, caller)
         vote = rail = None
+        folded = self._folded(call)
         if self.layout.nnodes > 1:
-            vote, rail = self._rail_schedules(call, g % STAGES)
+            vote, rail = self._rail_schedules(call, g % STAGES, folded)
         try:
             outcome = self._node_call.run(
                 code, x_address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype), call.op,
                 -1 if code in _NO_OP else op_code(call.op), call.root, self._descriptor_column(), self._calls_done, g,
-                copies is None, vote, rail, copies is not None)  # copy_out, vote, rail, announced
+                copies is None, vote, rail, copies is not None, folded)  # copy_out, vote, rail, announced, folded
         except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
             internode.abandon(vote, rail)
             raise
@@ -444,30 +468,42 @@ class Engine:
                 copies.stage(out.address, result, out.nbytes, False, caller)
             self._publish(CONSUMED, g + 1)
 
-    def _rail_schedules(self, call: Call, stage: int) -> tuple:
-        """The call check's vote (its votes filled in C) and the allreduce of our slice of the result
-        slot over the rail (None where the slice is empty), rewound, for the call in C to poll."""
-        self._vote.rewind()
+    def _folded(self, call: Call) -> bool:
+        """Whether the call's one chunk goes over the rail with the call check's vote (folded, the terms
+        above), in C or in the Python loop alike: the same answer on every rank that made this call (its
+        size, the algo and the settings agreed when the Communicator was made)."""
+        return (self.layout.nnodes > 1 and call.collective in _STAGED
+                and 0 < call.nbytes <= min(_FOLDED_UP_TO_BYTES, self.chunk_bytes) and self._algo_for(call) == "doubling")
+
+    def _rail_schedules(self, call: Call, stage: int, folded: bool) -> tuple:
+        """Rewound, to run: the call check's vote (its votes filled in by the caller) and the allreduce
+        of our slice of the result slot over the rail (None where the slice is empty); folded, the vote
+        carrying the slice in its record, and None."""
         shape = (stage, call.elements, call.x.dtype, call.op)
         if shape not in self._rail_shapes:
             if len(self._rail_shapes) >= _RAIL_SHAPES_KEPT:
                 del self._rail_shapes[next(iter(self._rail_shapes))]  # the oldest
-            self._rail_shapes[shape] = self._rail_schedule(call, stage)
+            self._rail_shapes[shape] = self._rail_schedule(call, stage, folded)
         rail = self._rail_shapes[shape]
-        if rail is not None:
-            rail.rewind()
-        return self._vote, rail
+        vote, rail = (rail, None) if folded else (self._vote, rail)
+        for schedule in (vote, rail):
+            if schedule is not None:
+                schedule.rewind()
+        return vote, rail
 
-    def _rail_schedule(self, call: Call, stage: int):
-        """The allreduce of our slice of the result slot over the rail, or None where it is empty."""
+    def _rail_schedule(self, call: Call, stage: int, folded: bool):
+        """The allreduce of our slice of the result slot over the rail, or None where it is empty; folded,
+        the vote whose record carries the slice."""
         size = call.x.dtype.itemsize
         lo, hi = slice_bounds(call.elements, self.layout.local_size, self.layout.local_rank, SLICE_ALIGN_BYTES // size)
+        op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
+        if folded:
+            return internode.vote_schedule(self.rail_comm, self._vote_record, hi - lo, call.x.dtype, op, self.threads)
         if lo == hi:
             return None
         if self._rail_scratch.nbytes < (hi - lo) * size:
             self._rail_scratch = np.empty((hi - lo) * size, np.uint8)  # schedules made before keep theirs
         result = self.segment.result(stage)[lo * size : hi * size].view(call.x.dtype)
-        op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
         return internode.doubling(self.rail_comm, result, op, self.threads, halving=self._algo_for(call) == "halving",
                                   scratch=self._rail_scratch)
 
@@ -478,6 +514,8 @@ class Engine:
             raise self._timed_out(f"{call.collective}: the node's ranks to make the call",
                                   self._laggards(ANNOUNCED, self._calls_done + 1))
         self._calls_done += 1  # the check passed the ANNOUNCED wait, as _check counts it
+        if outcome == Outcome.MISMATCH_SPENT:  # every rank of the node ended chunk g with no result
+            self._chunks_done, outcome = g + 1, Outcome.MISMATCH
         if outcome == Outcome.VOTE_STOPPED:
             try:
                 internode.stopped(self.rail_comm, vote, internode.VOTE_WHAT)
@@ -535,31 +573,37 @@ class Engine:
         self._publish(ANNOUNCED, self._calls_done + 1)
         return mine
 
-    def _check(self, call: Call, mine: list[int]) -> Callable[[], None]:
+    def _check(self, call: Call, mine: list[int]) -> Callable[..., None]:
         """Start checking that every rank announced the same call. Returns settle(), which raises
         MismatchError on every rank unless they did: call it once, before any counter but ANNOUNCED
         moves and before anything reaches the caller's arrays. Across nodes settle() runs a small vote
-        on the rail."""
+        on the rail: settle(vote, on_mismatch) for a folded call, whose vote carries its slice and which
+        has ARRIVED already (on_mismatch ends the chunk before the MismatchError is raised)."""
         column = self._descriptor_column()
         self._wait_all(ANNOUNCED, self._calls_done + 1, f"{call.collective}: the node's ranks to make the call")
         rows = self.segment.control[:, column : column + len(mine)].tolist()  # plain ints: cheap
         self._calls_done += 1
         differs = any(row != rows[0] for row in rows)
 
-        def settle() -> None:
+        def settle(vote: Any = None, on_mismatch: Callable[[], None] = lambda: None) -> None:
             mismatch = differs
             if self.layout.nnodes > 1:
                 # One small max-allreduce over the rail (doubling, in C): any node that differs, or nodes
                 # that differ. Run here, once the node's first copies are done, not polled meanwhile:
                 # MPI's own Iallreduce cost 2-3x more than the whole doubling (bench/RESULTS.md).
-                votes = np.array([int(differs), *rows[0], *(-v for v in rows[0])], np.int64)
+                votes = self._vote_record.votes
+                votes[:] = [int(differs), *rows[0], *(-v for v in rows[0])]
+                if vote is None:
+                    vote = self._vote
+                    vote.rewind()
                 try:
-                    internode.vote(self.rail_comm, votes, deadline=time.monotonic() + self.timeout)
+                    internode.vote(self.rail_comm, vote, deadline=time.monotonic() + self.timeout)
                 except HFRTimeoutError as error:
                     raise self._timed_out(f"the call check ({error})", None) from None
                 n = len(mine)
                 mismatch = bool(votes[0]) or bool((votes[1 : 1 + n] != -votes[1 + n :]).any())
             if mismatch:
+                on_mismatch()
                 self._raise_mismatch(mine)
 
         if differs:  # this node's ranks disagree on the chunks to come: settle before any chunk wait

@@ -50,14 +50,14 @@ from typing import Iterator, NoReturn, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ._internode import BLOCKS_IN_FLIGHT, Doubling, Ring, TreePipeline, ring_scratch_elements
+from ._internode import BLOCKS_IN_FLIGHT, VOTE_RECORD_WORDS as VOTE_WORDS, Doubling, Ring, TreePipeline, ring_scratch_elements
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
 from .errors import HFRTimeoutError
 from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
-__all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "doubling", "stopped", "abandon", "choose_algo",
-           "VOTE_WHAT", "ALGOS", "TREE_GRANULE_BYTES",
+__all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "VoteRecord", "doubling", "stopped", "abandon",
+           "choose_algo", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
            "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
 
@@ -331,19 +331,37 @@ def _run_doubling(rail, buf, op, threads, deadline, *, halving: bool) -> None:
 
 
 VOTE_WHAT = "the call check's vote"
+VOTE_ROOM_BYTES = DOUBLING_UP_TO_BYTES  # the most data a vote record carries
 
 
-def vote_schedule(rail: MPI.Comm, votes: np.ndarray) -> Doubling:
-    """The schedule of the call check's vote: votes = their elementwise max over the rail, in place (int64;
-    a doubling on a tag of its own, so that messages a failed data step left behind can never match it).
-    It has scratch of its own, so it may be rewound and run again on any thread."""
-    return doubling(rail, votes, Op.MAX, 1, tag=_VOTE_TAG, scratch=np.empty(votes.nbytes, np.uint8))
+class VoteRecord:
+    """Room for the call check's vote records (hfr/_internode.pyx, "vote records"): `votes`, VOTE_WORDS
+    int64 [flag, v, -v] that the vote max-reduces, then up to VOTE_ROOM_BYTES of data that it op-reduces
+    where every rank voted for the same call; and the scratch for a partner's record."""
+
+    def __init__(self) -> None:
+        self.buffer = np.zeros(VOTE_WORDS * 8 + VOTE_ROOM_BYTES, np.uint8)
+        self.scratch = np.empty_like(self.buffer)
+        self.votes = self.buffer[: VOTE_WORDS * 8].view(np.int64)
+
+    def data(self, count: int, dtype: np.dtype) -> np.ndarray:
+        """The record's first count elements of data, as dtype (where its data begins even when empty)."""
+        return np.ndarray((count,), dtype, buffer=self.buffer, offset=VOTE_WORDS * 8)
 
 
-def vote(rail: MPI.Comm, votes: np.ndarray, deadline: Optional[float]) -> None:
-    """Run the call check's vote (vote_schedule)."""
+def vote_schedule(rail: MPI.Comm, record: VoteRecord, count: int = 0, dtype: np.dtype = np.dtype(np.int64),
+                  op: Op = Op.SUM, threads: int = 1) -> Doubling:
+    """The schedule of one call check's vote, in place in record: its votes = their elementwise max over
+    the rail and, where every rank voted for the same call, its count elements of data = their op-reduction,
+    the bits doubling gives (a doubling on a tag of its own, so that messages a failed data step left
+    behind can never match it). May be rewound and run again; schedules of one record run one at a time."""
+    return Doubling(rail, record.data(count, dtype), op, record.scratch, threads, _VOTE_TAG, False, record.buffer)
+
+
+def vote(rail: MPI.Comm, schedule: Doubling, deadline: Optional[float]) -> None:
+    """Run a call check's vote (vote_schedule), once made or rewound."""
     if rail.Get_size() > 1:
-        _run_in_c(rail, vote_schedule(rail, votes), deadline, VOTE_WHAT)
+        _run_in_c(rail, schedule, deadline, VOTE_WHAT)
 
 
 # ---------------------------------------------------------------------------------------- gather

@@ -125,8 +125,16 @@ def test_calls_after_mismatches_are_right_on_every_layout(nprocs, local_size):
     assert "rounds ok" in run_mpi(nprocs, "faults_worker.py", "rounds", "100", env=env, timeout=180).stdout
 
 
+@pytest.mark.parametrize("local_size", [2, 1])
+def test_calls_after_mismatches_are_right_with_one_rank_in_the_python_loop(local_size):
+    """Across nodes a small call's data goes with the call check's vote, in C and in the Python loop alike;
+    a mismatch the vote finds then ends the chunk on every rank of the node, whichever path it takes."""
+    env = {"HFR_LOCAL_SIZE": str(local_size)}
+    assert "rounds ok" in run_mpi(4, "faults_worker.py", "rounds", "60", "3", env=env, timeout=180).stdout
+
+
 TIMEOUTS = [(3, None, "allreduce"), (3, 1, "allreduce"), (4, 2, "allreduce"), (4, 2, "reduce_scatter"),
-            (3, 1, "allgather"), (2, 1, "rail"), (3, 1, "rail")]
+            (3, 1, "allgather"), (2, 1, "rail"), (3, 1, "rail"), (2, 1, "vote"), (3, 1, "vote")]
 
 
 @pytest.mark.parametrize("nprocs,local_size,collective", TIMEOUTS, ids=[f"{n}ranks-local{l}-{c}" for n, l, c in TIMEOUTS])

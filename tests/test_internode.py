@@ -16,6 +16,7 @@ def test_every_algo_dtype_op_size_and_root(nranks):
     assert "OK dbtree, doubling, halving, ring, gather bits independent of block_bytes and cuts" in out
     assert "OK reduce and broadcast from every root" in out
     assert "OK rewound schedules" in out
+    assert "OK vote records" in out
 
 
 def test_dead_peer_times_out_naming_it():

@@ -5,10 +5,12 @@ mismatch  ranks call with different count, dtype, op, root or collective: Mismat
           allgather whose sizes are not n x k raises ValueError on every rank, arrays untouched.
 rounds    argv[2] rounds of a mismatch (a whole node differing, or one rank) then a matched call that
           one rank joins late, every element checked: the call after a failure is where state bugs hide.
+          With argv[3], that rank runs every call through the engine's Python loop, the others in C.
 timeout   the last rank never calls argv[2] (allreduce by default): the others get HFRTimeoutError within the timeout plus a few
           seconds, and the communicator then refuses calls with HFRError; every rank exits. With argv[2]
           "rail" (nodes of one rank) the last rank calls allreduce but leaves out its step on the rail
-          after the call check's vote: the others time out in that step (in C), naming it.
+          after the call check's vote: the others time out in that step (in C), naming it; with "vote",
+          a call small enough to send its data with the vote, the last rank leaves out the vote itself.
 slow      the last rank calls late: Work.wait(timeout) raises a TimeoutError, the call then finishes.
 sigkill   the last rank kills itself in the middle of a large allreduce: the job must end.
 """
@@ -65,6 +67,8 @@ if scenario == "mismatch":
     comm.close()
 elif scenario == "rounds":
     layout = f"{comm.nnodes} x {comm.local_size}"
+    if len(sys.argv) > 3 and rank == int(sys.argv[3]):
+        comm._engine._in_c = False
     wrong = 0
     for r in range(int(sys.argv[2])):
         count = 1 + (r * 7919) % (3 << 16)  # one chunk to a few, odd sizes
@@ -101,7 +105,8 @@ elif scenario == "rounds":
 elif scenario == "timeout":
     waiters = world.Split(color=int(rank != last), key=rank)  # to leave together, after every check
     collective = sys.argv[2] if len(sys.argv) > 2 else "allreduce"
-    calls = {"allreduce": lambda: comm.allreduce(x), "rail": lambda: comm.allreduce(x),
+    calls = {"allreduce": lambda: comm.allreduce(x), "rail": lambda: comm.allreduce(np.ones(1 << 15, np.float32)),
+             "vote": lambda: comm.allreduce(x),
              "reduce_scatter": lambda: comm.reduce_scatter(np.ones(10 * size, np.float32), np.empty(10, np.float32)),
              "allgather": lambda: comm.allgather(np.ones(10, np.float32), np.empty(10 * size, np.float32))}
     if rank != last:
@@ -112,7 +117,9 @@ elif scenario == "timeout":
             waited = time.monotonic() - start
             assert waited < comm.timeout + 5, waited
             if collective == "rail":
-                assert "allreduce (doubling) timed out waiting for" in str(error), str(error)
+                assert "allreduce (halving) timed out waiting for" in str(error), str(error)
+            elif collective == "vote":
+                assert "the call check's vote timed out waiting for" in str(error), str(error)
             else:
                 assert f"[{last}]" in str(error) or "waited" in str(error), str(error)
         else:
@@ -128,10 +135,11 @@ elif scenario == "timeout":
         open(os.path.join(os.environ["FAULT_DIR"], f"rank{rank}.ok"), "w").close()
         waiters.Barrier()
     else:
-        if collective == "rail":
+        if collective in ("rail", "vote"):
             schedules = comm._engine._rail_schedules
-            comm._engine._rail_schedules = lambda call, stage: (schedules(call, stage)[0], None)
-            comm.allreduce(x)
+            comm._engine._rail_schedules = lambda call, stage, folded: (
+                (schedules(call, stage, folded)[0], None) if collective == "rail" else (None, None))
+            calls[collective]()
         time.sleep(comm.timeout + 6)
     os._exit(0)  # the peers' MPI state is unknown after a fault: leave without MPI_Finalize
 elif scenario == "slow":

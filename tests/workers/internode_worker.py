@@ -2,7 +2,7 @@
 
     internode_worker.py check      every algo, dtype, op and size; reduce and broadcast to every root;
                                    the bits of CUT_FREE_ALGOS independent of blocks and cuts; schedules
-                                   rewound and run again
+                                   rewound and run again; vote records carrying data
     internode_worker.py dead_peer  2 ranks, rank 1 never calls: rank 0 must time out, naming rank 1; the
                                    stopped schedule refuses to run again
 
@@ -161,16 +161,57 @@ def check_rewound_schedules() -> None:
                 assert schedule.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
                 what = f"{'halving' if halving else 'doubling'} rewound {round_} times, {dtype} {op.value}"
                 check_close(buf, expected(dtype, op, buf.size, case), dtype, op, what)
-    votes = np.empty(11, np.int64)
-    vote = internode.vote_schedule(COMM, votes)
+    record = internode.VoteRecord()
+    vote = internode.vote_schedule(COMM, record)
     for round_ in range(3):
-        votes[:] = RANK * 10 + round_
+        record.votes[:] = RANK * 10 + round_
         if round_:
             vote.rewind()
         assert vote.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
-        assert (votes == (NRANKS - 1) * 10 + round_).all(), f"vote rewound {round_} times: {votes}"
+        assert (record.votes == (NRANKS - 1) * 10 + round_).all(), f"vote rewound {round_} times: {record.votes}"
     if RANK == 0:
         print("OK rewound schedules")
+
+
+def check_vote_records() -> None:
+    """The call check's vote carrying data (hfr/_internode.pyx, "vote records"): where every rank votes
+    for the same call the data comes back with the bits doubling gives, votes max-reduced; where ranks
+    vote for different calls (or one flags a mismatch), with data of different lengths up to the room,
+    every rank gets the votes' max and nothing breaks; the same record then serves agreeing calls again."""
+    record = internode.VoteRecord()
+    room = internode.VOTE_ROOM_BYTES
+    plain_votes = internode.vote_schedule(COMM, record)
+    case = 4000
+    for round_, (dtype, op, count, disagree) in enumerate([
+            (np.dtype(np.float32), Op.SUM, 7, None), (np.dtype(np.float64), Op.SUM, room // 8, None),
+            (np.dtype(ml_dtypes.bfloat16), Op.SUM, 1001, "descriptor"), (np.dtype(np.int32), Op.MAX, 1, "flag"),
+            (np.dtype(np.float16), Op.PROD, 13, None), (np.dtype(np.float32), Op.SUM, 0, "descriptor"),
+            (np.dtype(np.int64), Op.SUM, 100, None)]):
+        case += 1
+        mine = count if disagree is None else (RANK * 997) % (room // dtype.itemsize + 1)  # lengths differ too
+        v = [0, 5, mine, 7, 1, 0] if disagree != "descriptor" else [0, RANK % 2, mine, 7, 1, 0]
+        v[0] = int(disagree == "flag" and RANK == NRANKS - 1)
+        record.votes[:] = [v[0], *v[1:], *(-a for a in v[1:])]
+        data = make_input(RANK, dtype, op, mine, case)
+        record.data(mine, dtype)[:] = data
+        schedule = internode.vote_schedule(COMM, record, mine, dtype, op, threads=2)
+        assert schedule.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+        everyone = np.array(COMM.allgather([v[0], *v[1:], *(-a for a in v[1:])]))
+        want_votes = everyone.max(axis=0)
+        assert (record.votes == want_votes).all(), f"round {round_}: votes {record.votes} != {want_votes}"
+        agreed = not want_votes[0] and (want_votes[1:6] == -want_votes[6:]).all()
+        assert agreed == (disagree is None or disagree == "descriptor" and NRANKS == 1), f"round {round_}: {agreed}"
+        if agreed:
+            buf = data.copy()
+            internode.allreduce(COMM, buf, 0, op, algo="doubling", deadline=deadline())
+            assert digest(record.data(mine, dtype)) == digest(buf), f"round {round_}: bits differ from doubling's"
+            check_close(record.data(mine, dtype), expected(dtype, op, mine, case), dtype, op, f"round {round_}")
+        plain_votes.rewind()  # a bare vote (no data) after each round, as the engine's Python loop runs
+        record.votes[:] = round_
+        assert plain_votes.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+        assert (record.votes == round_).all(), f"round {round_}: the bare vote gave {record.votes}"
+    if RANK == 0:
+        print("OK vote records")
 
 
 def check_dead_peer() -> None:
@@ -209,6 +250,7 @@ if __name__ == "__main__":
         check_bits_do_not_depend_on_cuts()
         check_reduce_and_broadcast()
         check_rewound_schedules()
+        check_vote_records()
     elif sys.argv[1] == "dead_peer":
         check_dead_peer()
     else:
