@@ -394,7 +394,7 @@ class Engine:
                 if folded:  # our slice goes with the vote, in its record; a mismatch then ends the chunk
                     record = self._vote_record.data(hi - lo, x.dtype)
                     self._reduce(record, inputs, call.op, self.threads, layout.size)
-                    settle(self._rail_schedules(call, stage, folded)[0],
+                    settle(self._rail_schedules(call, stage)[0],
                            on_mismatch=lambda: self._end_chunk_unused(g, where))
                     result[...] = record
                 else:
@@ -445,10 +445,7 @@ class Engine:
                 copies.begin(call.ready, x.stream)
             x_address = self.segment.slot_address(stage, self.layout.local_rank)
             copies.stage(x_address, x.address, x.nbytes, True, caller)
-        vote = rail = None
-        folded = self._folded(call)
-        if self.layout.nnodes > 1:
-            vote, rail = self._rail_schedules(call, g % STAGES, folded)
+        vote, rail, folded = self._rail_schedules(call, g % STAGES) if self.layout.nnodes > 1 else (None, None, False)
         try:
             outcome = self._node_call.run(
                 code, x_address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype), call.op,
@@ -475,37 +472,39 @@ class Engine:
         return (self.layout.nnodes > 1 and call.collective in _STAGED
                 and 0 < call.nbytes <= min(_FOLDED_UP_TO_BYTES, self.chunk_bytes) and self._algo_for(call) == "doubling")
 
-    def _rail_schedules(self, call: Call, stage: int, folded: bool) -> tuple:
-        """Rewound, to run: the call check's vote (its votes filled in by the caller) and the allreduce
-        of our slice of the result slot over the rail (None where the slice is empty); folded, the vote
-        carrying the slice in its record, and None."""
+    def _rail_schedules(self, call: Call, stage: int) -> tuple:
+        """A reducing call of one chunk across nodes: (vote, rail, folded), made once per call shape and
+        rewound. Unfolded, vote is the call check's (its votes filled in by the caller) and rail the
+        allreduce of our slice of the result slot over the rail (None where the slice is empty); folded,
+        vote carries the slice in its record and rail is None."""
         shape = (stage, call.elements, call.x.dtype, call.op)
-        if shape not in self._rail_shapes:
+        schedules = self._rail_shapes.get(shape)
+        if schedules is None:
             if len(self._rail_shapes) >= _RAIL_SHAPES_KEPT:
                 del self._rail_shapes[next(iter(self._rail_shapes))]  # the oldest
-            self._rail_shapes[shape] = self._rail_schedule(call, stage, folded)
-        rail = self._rail_shapes[shape]
-        vote, rail = (rail, None) if folded else (self._vote, rail)
-        for schedule in (vote, rail):
-            if schedule is not None:
-                schedule.rewind()
-        return vote, rail
+            schedules = self._rail_shapes[shape] = self._rail_schedule(call, stage)
+        vote, rail, _ = schedules
+        vote.rewind()
+        if rail is not None:
+            rail.rewind()
+        return schedules
 
-    def _rail_schedule(self, call: Call, stage: int, folded: bool):
-        """The allreduce of our slice of the result slot over the rail, or None where it is empty; folded,
-        the vote whose record carries the slice."""
+    def _rail_schedule(self, call: Call, stage: int) -> tuple:
+        """(vote, rail, folded) for _rail_schedules."""
         size = call.x.dtype.itemsize
         lo, hi = slice_bounds(call.elements, self.layout.local_size, self.layout.local_rank, SLICE_ALIGN_BYTES // size)
         op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
-        if folded:
-            return internode.vote_schedule(self.rail_comm, self._vote_record, hi - lo, call.x.dtype, op, self.threads)
+        if self._folded(call):
+            vote = internode.vote_schedule(self.rail_comm, self._vote_record, hi - lo, call.x.dtype, op, self.threads)
+            return vote, None, True
         if lo == hi:
-            return None
+            return self._vote, None, False
         if self._rail_scratch.nbytes < (hi - lo) * size:
             self._rail_scratch = np.empty((hi - lo) * size, np.uint8)  # schedules made before keep theirs
         result = self.segment.result(stage)[lo * size : hi * size].view(call.x.dtype)
-        return internode.doubling(self.rail_comm, result, op, self.threads, halving=self._algo_for(call) == "halving",
+        rail = internode.doubling(self.rail_comm, result, op, self.threads, halving=self._algo_for(call) == "halving",
                                   scratch=self._rail_scratch)
+        return self._vote, rail, False
 
     def _one_chunk_failed(self, call: Call, outcome: int, g: int, vote, rail) -> None:
         """Raise what the C path's outcome means, as the Python loop would have at the same step."""
