@@ -9,20 +9,21 @@ chunk g, on stage g % STAGES, with the GIL released from the first step to the l
              slot once it is free
   check      wait until every rank has ANNOUNCED, compare the descriptors; across nodes, vote on the
              rail (a max-allreduce of every node's verdict and descriptor). A difference returns before
-             any other counter moves, so every rank's counters stay as they were
+             any other counter moves, so every rank's counters stay as they were (a folded call's,
+             below, once the chunk is ended)
   reduce     ARRIVED; our slice of the inputs into the result slot (avg divided there); across nodes,
              the slice's allreduce over the rail; then REDUCED (of a whole call, below, only once done
              reading the input slots)
+  copy out   our part of the result slot into out, then CONSUMED. A small call (WHOLE_UP_TO_BYTES, one
+             node, host out) instead reduces out's part straight from the input slots, which hold all
+             of every rank's x (the same kernel in the same slot order: the same bits), without waiting
+             for the others' REDUCED: a hand-off fewer (the engine's terms say why that is safe)
 A *folded* call (across nodes; the engine says which) sends its slice with the vote, in the vote's
 record (hfr/_internode.pyx, "vote records"): one doubling over the rail rather than two. Its node's
 ranks, agreeing on the call, take the reduce's first steps before the vote (ARRIVED, the slice into the
 record) and copy the slice into the result slot after it. If the vote finds that nodes differ, every
 rank of the node has arrived: each ends the chunk (REDUCED, CONSUMED) with no result, so the next call
 finds the node's counters agreeing (MISMATCH_SPENT: the engine counts the chunk as done).
-  copy out   our part of the result slot into out, then CONSUMED. A small call (WHOLE_UP_TO_BYTES, one
-             node, host out) instead reduces out's part straight from the input slots, which hold all
-             of every rank's x (the same kernel in the same slot order: the same bits), without waiting
-             for the others' REDUCED: a hand-off fewer (the engine's terms say why that is safe)
 Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx) and turns
 the outcome into the call's result or error. A CUDA array is staged in our input slot by the engine,
 which copies the result out itself. The Python loop runs every other call (several chunks, and across

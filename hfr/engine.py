@@ -347,7 +347,8 @@ class Engine:
                 deposit(c)
         # The check waits for the node's ranks while our first copies run; it is settled before this
         # rank publishes chunk 0's arrival, so a mismatch leaves the node's counters and the sequence
-        # numbers where they were, the same on every rank, for the next call.
+        # numbers where they were, the same on every rank, for the next call (a folded call settles it
+        # after ARRIVED, with its slice, and ends the chunk on a mismatch: the same on every rank too).
         settle = self._check(call, descriptor)
         if nchunks == 0:
             settle()
@@ -576,8 +577,8 @@ class Engine:
         """Start checking that every rank announced the same call. Returns settle(), which raises
         MismatchError on every rank unless they did: call it once, before any counter but ANNOUNCED
         moves and before anything reaches the caller's arrays. Across nodes settle() runs a small vote
-        on the rail: settle(vote, on_mismatch) for a folded call, whose vote carries its slice and which
-        has ARRIVED already (on_mismatch ends the chunk before the MismatchError is raised)."""
+        on the rail. A folded call calls settle(vote, on_mismatch) after ARRIVED instead, with the vote
+        that carries its slice; on_mismatch ends the chunk before the MismatchError is raised."""
         column = self._descriptor_column()
         self._wait_all(ANNOUNCED, self._calls_done + 1, f"{call.collective}: the node's ranks to make the call")
         rows = self.segment.control[:, column : column + len(mine)].tolist()  # plain ints: cheap

@@ -45,6 +45,8 @@ def expect_mismatch(call, field):
 if scenario == "mismatch":
     odd = rank == last
     expect_mismatch(lambda: comm.allreduce(np.ones(7 if odd else 8, np.float32)), "count")
+    # 64 KiB, whose data goes with the call check's vote across nodes, against 4 bytes more, which does not
+    expect_mismatch(lambda: comm.allreduce(np.ones(16385 if odd else 16384, np.float32)), "count")
     expect_mismatch(lambda: comm.allreduce(np.ones(8, np.float64 if odd else np.float32)), "dtype")
     expect_mismatch(lambda: comm.allreduce(np.ones(8, np.float32), op="max" if odd else "sum"), "op")
     expect_mismatch(lambda: comm.reduce(np.ones(8, np.float32), root=1 if odd else 0), "root")
