@@ -24,3 +24,11 @@ def test_cupy_arrays(nprocs, local_size):
 
 def test_ten_thousand_cupy_calls_leave_memory_fds_shm_and_gpu_memory_flat():
     assert "flat after 10000 cupy calls" in run_mpi(2, "leak_worker.py", "10000", "cupy", timeout=300).stdout
+
+
+@pytest.mark.parametrize("nprocs,local_size", [(3, None), (4, 2), (4, 1)])
+def test_cupy_calls_after_mismatches_are_right(nprocs, local_size):
+    """tests/test_faults.py's mismatch rounds on CuPy arrays: across nodes the small calls' data goes with
+    the call check's vote and a mismatch the vote finds ends the chunk (the engine copies out otherwise)."""
+    env = {"FAULT_ARRAY": "cupy", **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
+    assert "rounds ok" in run_mpi(nprocs, "faults_worker.py", "rounds", "60", env=env, timeout=240).stdout

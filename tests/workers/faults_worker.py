@@ -5,7 +5,8 @@ mismatch  ranks call with different count, dtype, op, root or collective: Mismat
           allgather whose sizes are not n x k raises ValueError on every rank, arrays untouched.
 rounds    argv[2] rounds of a mismatch (a whole node differing, or one rank) then a matched call that
           one rank joins late, every element checked: the call after a failure is where state bugs hide.
-          With argv[3], that rank runs every call through the engine's Python loop, the others in C.
+          With argv[3], that rank runs every call through the engine's Python loop, the others in C;
+          with FAULT_ARRAY=cupy on CuPy arrays (tests/test_cupy.py).
 timeout   the last rank never calls argv[2] (allreduce by default): the others get HFRTimeoutError within the timeout plus a few
           seconds, and the communicator then refuses calls with HFRError; every rank exits. With argv[2]
           "rail" (nodes of one rank) the last rank calls allreduce but leaves out its step on the rail
@@ -71,13 +72,19 @@ elif scenario == "rounds":
     layout = f"{comm.nnodes} x {comm.local_size}"
     if len(sys.argv) > 3 and rank == int(sys.argv[3]):
         comm._engine._in_c = False
+    on_device = on_host = np.asarray
+    if os.environ.get("FAULT_ARRAY") == "cupy":
+        import cupy
+
+        cupy.cuda.Device(rank % cupy.cuda.runtime.getDeviceCount()).use()
+        on_device, on_host = cupy.asarray, cupy.asnumpy
     wrong = 0
     for r in range(int(sys.argv[2])):
         count = 1 + (r * 7919) % (3 << 16)  # one chunk to a few, odd sizes
         # Ranks differ by node (each node agrees within) or one rank differs; op, count or collective.
         odd = comm.node == r % comm.nnodes if r % 2 and comm.nnodes > 1 else rank == r % size
         kind = ("op", "count", "collective")[r % 3]
-        a = np.ones(count + (kind == "count" and odd), np.float32)
+        a = on_device(np.ones(count + (kind == "count" and odd), np.float32))
         try:
             if kind == "collective" and odd:
                 comm.broadcast(a)
@@ -89,12 +96,13 @@ elif scenario == "rounds":
             raise AssertionError(f"rank {rank}: round {r}: no MismatchError for a different {kind}")
         if rank == (r * 5 + 1) % size:
             time.sleep(0.02)  # a late rank: the others must wait for its data, not reduce stale slots
-        y = (np.arange(count) % 251 + rank + 1).astype(np.float32)
-        out = np.full(count, np.nan, np.float32)
+        y = on_device((np.arange(count) % 251 + rank + 1).astype(np.float32))
+        out = on_device(np.full(count, np.nan, np.float32))
         if r % 4 == 3:
             comm.allreduce_async(y, out=out).wait()
         else:
             comm.allreduce(y, out=out)
+        out = on_host(out)
         want = (np.arange(count) % 251) * size + size * (size + 1) // 2
         bad = int((out != want).sum())
         if bad:
