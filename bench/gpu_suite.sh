@@ -10,6 +10,8 @@
 #   dtypes     186 MiB on CuPy n=4: sum and avg of float32, float16 and bfloat16 (~2 min)
 #   fsdp       FSDP's collectives, reduce_scatter and allgather, beside allreduce: 186 MiB CuPy n=4 (~2 min)
 #   small      the per-call cost: 8 B up, NumPy n=4 against Open MPI and CuPy n=4 against mpi-staged (~3 min)
+#   mps        CuPy n=4 small calls under MPS, where a small copy costs ~10 us rather than a time slice
+#              (~550 us for an H2D of <= 16 KiB with 4 processes time-slicing the GPU: bench/RESULTS.md) (~1 min)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -110,8 +112,16 @@ small)
   log "allreduce cupy n=4 from 8 B to 186 MiB"
   perf 4 -b 8 -e 186M -f 8 -n 20 -w 5 --array cupy --backends hfr,mpi-staged | tee "$out/small_cupy_n4.txt"
   ;;
+mps)
+  log "allreduce cupy n=4 from 8 B under MPS, and a call in pieces (bench/call_parts.py)"
+  nvidia-cuda-mps-control -d && sleep 1
+  perf 4 -b 8 -e 256K -f 8 -n 100 -w 10 --array cupy --backends hfr,mpi-staged | tee "$out/small_cupy_mps_n4.txt"
+  timeout 60 $MPIRUN -n 4 python3 -m mpi4py bench/call_parts.py --array cupy --bytes 8 --calls 2000 --rounds 3 2>&1 \
+    | sed 's/\x1b\[[0-9;]*m//g' | grep -E "^#|^hfr" | tee "$out/parts_cupy_mps_n4.txt"
+  echo quit | nvidia-cuda-mps-control
+  ;;
 *)
-  echo "unknown stage $stage: check, bench, overlap, torch, ddp-trace, internode, dtypes, fsdp or small" >&2
+  echo "unknown stage $stage: check, bench, overlap, torch, ddp-trace, internode, dtypes, fsdp, small or mps" >&2
   exit 2
   ;;
 esac
