@@ -481,28 +481,27 @@ cdef inline Py_ssize_t _recv_bytes(Swaps* s, Step* step, Call* c) noexcept nogil
     return s.record_bytes if s.head else (step.recv_hi - step.recv_lo) * c.itemsize
 
 
-cdef bint _records_agree(const long long* mine, const long long* theirs) noexcept nogil:
-    """Whether two vote records voted for the same call, with no mismatch met yet (the module notes)."""
+cdef bint _merge_votes(long long* mine, const long long* theirs) noexcept nogil:
+    """mine = the elementwise max of two records' votes; returns whether the records agreed before: voted
+    for the same call, with no mismatch met yet (the module notes)."""
     cdef int fields = (VOTE_WORDS - 1) // 2, i
-    if mine[0] or theirs[0]:
-        return False
+    cdef bint agree = not mine[0] and not theirs[0]
     for i in range(1, VOTE_WORDS):
-        if mine[i] != theirs[i]:
-            return False
+        agree = agree and mine[i] == theirs[i]
     for i in range(1, 1 + fields):
-        if mine[i] != -mine[i + fields]:
-            return False
-    return True
+        agree = agree and mine[i] == -mine[i + fields]
+    for i in range(VOTE_WORDS):
+        mine[i] = max(mine[i], theirs[i])
+    return agree
 
 
 cdef bint _advance_swaps(void* state, Call* c, bint* done) noexcept nogil:
     cdef Swaps* s = <Swaps*>state
     cdef Step* step
-    cdef int i
     cdef void* inputs[2]
     cdef char* mine
     cdef Py_ssize_t count
-    cdef bint moved = False, agree
+    cdef bint moved = False
     while s.step < s.nsteps:
         step = &s.steps[s.step]
         count = step.recv_hi - step.recv_lo
@@ -516,13 +515,9 @@ cdef bint _advance_swaps(void* state, Call* c, bint* done) noexcept nogil:
         if not (_all_tested(s.requests, _nparts(_send_bytes(s, step, c)), c)
                 and _all_tested(s.requests + s.parts, _nparts(_recv_bytes(s, step, c)), c)):
             break
-        agree = True
-        if s.head and (step.received == OWN_FIRST or step.received == THEIRS_FIRST):  # votes: max
-            agree = _records_agree(<long long*>(mine - s.head), <long long*>(s.theirs - s.head))
-            for i in range(VOTE_WORDS):
-                (<long long*>(mine - s.head))[i] = max((<long long*>(mine - s.head))[i],
-                                                       (<long long*>(s.theirs - s.head))[i])
-        if agree and (step.received == OWN_FIRST or step.received == THEIRS_FIRST):
+        # a record's votes merge first; its data combines only where the two records agreed
+        if (step.received == OWN_FIRST or step.received == THEIRS_FIRST) and (
+                not s.head or _merge_votes(<long long*>(mine - s.head), <long long*>(s.theirs - s.head))):
             # the kernel's out may alias its first input only: theirs first goes into theirs, then to buf
             inputs[0], inputs[1] = (mine, s.theirs) if step.received == OWN_FIRST else (s.theirs, mine)
             if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, count, c.code, c.threads, 1):

@@ -221,7 +221,7 @@ cdef int _arrive(Node* node, int64_t g) noexcept nogil:
 cdef int _reduce_slice(Node* node, char* dst, char* x, char* slots, Py_ssize_t slot_bytes, Py_ssize_t lo,
                        Py_ssize_t hi, Kind kind, Py_ssize_t itemsize, int code, Py_ssize_t divisor, int threads,
                        void** inputs) noexcept nogil:
-    """dst = our slice [lo, hi) of the inputs reduced in slot order (ours read from x); NO_MEMORY or 0."""
+    """dst = bytes [lo, hi) of the inputs reduced in slot order (ours read from x); NO_MEMORY or 0."""
     cdef int j
     for j in range(node.local_size):
         inputs[j] = (x if j == node.local_rank else slots + j * slot_bytes) + lo
@@ -332,12 +332,9 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
     if not copies_out:
         a = b
     if whole and copy_out:  # from the input slots, then REDUCED: the next chunk's copies in may overwrite them
-        if a < b:
-            for j in range(node.local_size):
-                inputs[j] = slots + j * slot_bytes + a
-            if reduce_nogil(kind, itemsize, out + a - out_at, inputs, node.local_size, (b - a) // itemsize, code,
-                            threads, divisor):
-                return NO_MEMORY
+        if a < b and _reduce_slice(node, out + a - out_at, own_slot, slots, slot_bytes, a, b, kind, itemsize, code,
+                                   divisor, threads, inputs):
+            return NO_MEMORY
         _publish(node, REDUCED, g + 1)
     else:
         _publish(node, REDUCED, g + 1)

@@ -50,7 +50,8 @@ from typing import Iterator, NoReturn, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ._internode import BLOCKS_IN_FLIGHT, VOTE_RECORD_WORDS as VOTE_WORDS, Doubling, Ring, TreePipeline, ring_scratch_elements
+from ._internode import BLOCKS_IN_FLIGHT, Doubling, Ring, TreePipeline, ring_scratch_elements
+from ._internode import VOTE_RECORD_WORDS as VOTE_WORDS
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
 from .errors import HFRTimeoutError
 from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer

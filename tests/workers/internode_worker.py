@@ -189,14 +189,14 @@ def check_vote_records() -> None:
             (np.dtype(np.int64), Op.SUM, 100, None)]):
         case += 1
         mine = count if disagree is None else (RANK * 997) % (room // dtype.itemsize + 1)  # lengths differ too
-        v = [0, 5, mine, 7, 1, 0] if disagree != "descriptor" else [0, RANK % 2, mine, 7, 1, 0]
-        v[0] = int(disagree == "flag" and RANK == NRANKS - 1)
-        record.votes[:] = [v[0], *v[1:], *(-a for a in v[1:])]
+        v = [5, mine, 7, 1, 0] if disagree != "descriptor" else [RANK % 2, mine, 7, 1, 0]
+        votes = [int(disagree == "flag" and RANK == NRANKS - 1), *v, *(-a for a in v)]
+        record.votes[:] = votes
         data = make_input(RANK, dtype, op, mine, case)
         record.data(mine, dtype)[:] = data
         schedule = internode.vote_schedule(COMM, record, mine, dtype, op, threads=2)
         assert schedule.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
-        everyone = np.array(COMM.allgather([v[0], *v[1:], *(-a for a in v[1:])]))
+        everyone = np.array(COMM.allgather(votes))
         want_votes = everyone.max(axis=0)
         assert (record.votes == want_votes).all(), f"round {round_}: votes {record.votes} != {want_votes}"
         agreed = not want_votes[0] and (want_votes[1:6] == -want_votes[6:]).all()
