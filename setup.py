@@ -1,5 +1,5 @@
-"""Builds hfr._kernels (-O3, SIMD for this CPU, its own pthread pool), hfr._internode, hfr._spin and
-hfr._node_call."""
+"""Builds hfr._kernels (-O3, SIMD for this CPU, its own pthread pool), hfr._internode, hfr._spin,
+hfr._node_call and hfr._front."""
 import os
 
 import numpy
@@ -30,9 +30,13 @@ spin = Extension("hfr._spin", ["hfr/_spin.pyx"], extra_compile_args=["-O2"])
 # hfr._internode's schedules (hfr/engine.py runs the others).
 node_call = Extension("hfr._node_call", ["hfr/_node_call.pyx"], extra_compile_args=["-O2"])
 
+# The calling thread's side of the engine: admission, and a blocking host allreduce of one chunk, in C.
+front = Extension("hfr._front", ["hfr/_front.pyx"], include_dirs=[numpy.get_include()], extra_compile_args=["-O2"],
+                  define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
+
 setup(
     ext_modules=cythonize(
-        [kernels, internode, spin, node_call],
+        [kernels, internode, spin, node_call, front],
         compiler_directives={
             "language_level": "3",
             "boundscheck": False,

@@ -5,15 +5,15 @@
     mpiexec -n 4 python -m mpi4py bench/call_parts.py --array cupy   # a CuPy array's call, in pieces
 
 Rank 0 prints the median over rounds of the mean time of one call (us), float32 sum in place:
-  hfr       comm.allreduce(x): a call of one chunk, which runs in C (hfr/_node_call.pyx)
+  hfr       comm.allreduce(x): a call of one chunk, which runs in C (hfr/_front.pyx, hfr/_node_call.pyx)
+  c         the node's protocol alone (NodeCall.run, which the front calls; across nodes with the call
+            shape's rail schedules, fetched and rewound in Python): hfr - c is the cost of the checks,
+            admission and counting around it
   vote      across nodes only: the call check's vote alone, no data in its record (internode.vote)
   doubling  across nodes only: the data's doubling alone (internode.allreduce(..., algo="doubling"))
   mpi       MPI_Allreduce of x over all ranks
-  python    comm.allreduce(x) with the C call replaced by one that returns at once: the Python around
-            it (no rank waits for another then; measured last, as it leaves the node's counters behind);
-            with --array cupy that includes the call's two copies
 With --array cupy (x on the GPU) also:
-  host      the same call on a NumPy array: the C call alone, without copies
+  host      the same call on a NumPy array: the call without copies
   d2h, h2d  one copy of x between the GPU and page-locked memory, then a stream synchronize
   mpi-staged  d2h, MPI_Allreduce on the host, h2d: the peer bench/allreduce_perf.py times
 Unlike bench/allreduce_perf.py no barrier separates the calls: this is the cost per call of a stream
@@ -30,16 +30,10 @@ from mpi4py import MPI
 import _tree  # noqa: F401  (this checkout's hfr first: A/B runs of two trees)
 import hfr
 from hfr import internode
-from hfr.ops import Op
+from hfr._front import rail_shape_key
+from hfr.engine import STAGES
+from hfr.ops import Op, dtype_code, op_code
 from hfr.settings import parse_bytes
-
-
-class _Returns:
-    """Stands in for the engine's NodeCall: every call is DONE at once."""
-
-    @staticmethod
-    def run(*args, **kwargs) -> int:
-        return 0
 
 
 def main() -> None:
@@ -56,7 +50,7 @@ def main() -> None:
     host = np.ones(max(1, parse_bytes(args.bytes, "--bytes") // 4), np.float32)
     engine = comm._engine
     x = host if args.array == "numpy" else _on_gpu(host, world)
-    parts: dict[str, Callable[[], object]] = {"hfr": lambda: comm.allreduce(x)}
+    parts: dict[str, Callable[[], object]] = {"hfr": lambda: comm.allreduce(x), "c": _node_protocol(engine, host)}
     if args.array == "cupy":
         parts.update(_cupy_parts(comm, world, x, host))
     if comm.nnodes > 1:
@@ -70,18 +64,37 @@ def main() -> None:
         parts["vote"] = vote_again
         parts["doubling"] = lambda: internode.allreduce(rail, x, 0, Op.SUM, algo="doubling")
     parts["mpi"] = lambda: world.Allreduce(MPI.IN_PLACE, host)
-    times: dict[str, list] = {name: [] for name in [*parts, "python"]}
+    times: dict[str, list] = {name: [] for name in parts}
+    comm.allreduce(host)  # across nodes: the engine makes the rail schedules of this call shape, one per stage,
+    comm.allreduce(host)  # which the front and _node_protocol reuse
+    comm.allreduce(host)
     for _ in range(args.rounds):
         for name, call in parts.items():
             times[name].append(_seconds_per_call(call, args.calls, world))
-    engine._node_call = _Returns()  # last: the node's counters stay behind the engine's from here on
-    for _ in range(args.rounds):
-        times["python"].append(_seconds_per_call(lambda: comm.allreduce(x), args.calls, world))
     comm.close()
     if world.rank == 0:
         print(f"# {comm.size} ranks, {comm.nnodes} node(s), {x.nbytes} B {args.array} float32 sum in place, us a call "
               f"(median of {args.rounds} rounds of {args.calls})")
         print("  ".join(f"{name} {statistics.median(t) * 1e6:.2f}" for name, t in times.items()))
+
+
+def _node_protocol(engine, x: np.ndarray) -> Callable[[], object]:
+    """NodeCall.run of an allreduce of x in place, as the front runs it."""
+    node_call, address, code = engine._node_call, x.ctypes.data, dtype_code(x.dtype)
+    no_schedules = (None, None, False)
+
+    def call() -> None:
+        vote, rail, folded = no_schedules
+        if engine.layout.nnodes > 1:
+            vote, rail, folded = engine._rail_shapes[rail_shape_key(node_call.chunks_done % STAGES, x.size, code, 0)]
+            vote.rewind()
+            if rail is not None:
+                rail.rewind()
+        if node_call.run(0, address, x.size, address, x.size, x.dtype, code, Op.SUM, op_code(Op.SUM), 0, True, vote,
+                         rail, False, folded):
+            raise RuntimeError("the node's protocol did not end DONE")
+
+    return call
 
 
 def _on_gpu(host: np.ndarray, world: MPI.Comm):

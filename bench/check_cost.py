@@ -33,12 +33,12 @@ def main() -> None:
     world = MPI.COMM_WORLD
     comm = hfr.Communicator(world)
     if comm._engine is not None:
-        comm._engine._in_c = False  # the Python loop, whose check can be stubbed
+        comm._engine.front.in_c = False  # the Python loop, whose check can be stubbed
     x = np.ones(parse_bytes(args.bytes, "--bytes") // 4, np.float32)
     checked = Engine._check
 
     def unchecked(engine: Engine, call, descriptor):
-        engine._calls_done += 1
+        engine._node_call.calls_done += 1
         return lambda: None  # settle(): nothing to settle
 
     times = {"with the check": [], "without": []}

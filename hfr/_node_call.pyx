@@ -69,6 +69,8 @@ cpdef enum Protocol:
     CONSUMED = 24
     STAGES = 3
     SLICE_ALIGN_BYTES = 64
+    DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls
+    DESCRIPTOR_WORDS = 8
     DESCRIPTOR_FIELDS = 5
     WHOLE_UP_TO_BYTES = 4096  # a call on one node of at most this many bytes: x whole in every input slot
 cpdef enum Collective:
@@ -77,13 +79,6 @@ cpdef enum Collective:
     BROADCAST = 2
     REDUCE_SCATTER = 3
     ALLGATHER = 4
-
-
-cdef struct Node:  # the segment, as this rank sees it
-    long long* control  # local_size rows of row_words
-    Py_ssize_t row_words
-    int local_size, local_rank
-    double timeout
 
 
 cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
@@ -141,14 +136,8 @@ cdef int _run_rail(Rail* rail, double timeout, double yield_s, long sleep_ns, in
 
 
 cdef class NodeCall:
-    """This rank's view of its node's segment, made once by the engine; run() runs one call."""
-    cdef Node node
-    cdef char* stages  # stage 0's first input slot; a stage is local_size input slots, then the result slot
-    cdef Py_ssize_t stage_bytes, slot_bytes
-    cdef int size, rank, threads
-    cdef double rail_yield_s  # polling the rail: sched_yield this long after progress stops,
-    cdef long rail_sleep_ns  # then nap this long between polls
-    cdef void** inputs  # the reduce's input pointers, one per local rank
+    """This rank's view of its node's segment, made once by the engine; run() runs one call, on chunk
+    chunks_done, and counts it (the engine's Python loop counts its own calls in the same two counters)."""
 
     def __cinit__(self, size_t control, Py_ssize_t row_words, int local_size, int local_rank, double timeout,
                   size_t stages, Py_ssize_t stage_bytes, Py_ssize_t slot_bytes, int size, int rank, int threads,
@@ -165,26 +154,40 @@ cdef class NodeCall:
     def __dealloc__(self):
         free(self.inputs)
 
+    @property
+    def descriptor_column(self) -> int:
+        """Where the next call's descriptors go: calls alternate between two rows, so a fast rank never
+        overwrites a row that a slow one still reads."""
+        return DESCRIPTOR + DESCRIPTOR_WORDS * (self.calls_done % 2)
+
     def run(self, int collective, size_t x, Py_ssize_t x_count, size_t out, Py_ssize_t out_count, object dtype,
-            int dtype_code, object op, int op_code_on_wire, int root, Py_ssize_t descriptor_column,
-            int64_t calls_done, int64_t g, bint copy_out=True, Schedule vote=None, Schedule rail=None,
-            bint announced=False, bint folded=False) -> int:
-        """Run the call on chunk g; returns its outcome. x and out are host addresses of x_count and
-        out_count elements of dtype (x may be our own input slot of the stage, where a caller copied
-        it); op is an hfr.Op, avg dividing the sum by the ranks. Its descriptor is (collective,
-        x_count, dtype_code, op_code_on_wire, root), written at descriptor_column. Without copy_out the
-        call ends once the result is final: the caller copies it out and publishes CONSUMED.
+            int dtype_code, object op, int op_code_on_wire, int root, bint copy_out=True, Schedule vote=None,
+            Schedule rail=None, bint announced=False, bint folded=False) -> int:
+        """Run the call on chunk g = chunks_done; returns its outcome. x and out are host addresses of
+        x_count and out_count elements of dtype (x may be our own input slot of the stage, where a caller
+        copied it); op is an hfr.Op, avg dividing the sum by the ranks. Its descriptor is (collective,
+        x_count, dtype_code, op_code_on_wire, root). Without copy_out the call ends once the result is
+        final: the caller copies it out and publishes CONSUMED.
         Across nodes, vote is the call check's doubling of vote records, whose votes this fills, and rail
         the allreduce of our slice of the result slot (None where the slice is empty); folded: the vote's
         record carries our slice (its data: the slice's elements, none where it is empty) and rail is
         None. announced: the caller has written the descriptor and ANNOUNCED already (before its own copy
         into the slot)."""
-        cdef Py_ssize_t itemsize = dtype.itemsize
         cdef bint avg = op is Op.AVG
         cdef int code = op_code(Op.SUM if avg else op)
-        cdef Kind kind = kernel_kind(dtype, code)
         cdef long long fields[DESCRIPTOR_FIELDS]
         fields[0], fields[1], fields[2], fields[3], fields[4] = collective, x_count, dtype_code, op_code_on_wire, root
+        return self.call(fields, <char*>x, <char*>out, out_count, dtype.itemsize, kernel_kind(dtype, code), code, avg,
+                         copy_out, vote, rail, announced, folded)
+
+    cdef int call(self, long long* fields, char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize, Kind kind,
+                  int code, bint avg, bint copy_out, Schedule vote, Schedule rail, bint announced,
+                  bint folded) except -1:
+        """run() for callers in C: the descriptor's fields (collective, x_count, dtype code, op code on the
+        wire, root), and the kernel's element kind and op code given. Counts the call once its ANNOUNCED
+        wait passed, and its chunk once ended (DONE, MISMATCH_SPENT)."""
+        cdef int collective = fields[0]
+        cdef Py_ssize_t x_count = fields[1]
         # x and out within the chunk's elements: an allgather cuts out's, the others x's
         cdef Py_ssize_t total = out_count if collective == ALLGATHER else x_count
         cdef Py_ssize_t x_at = self.rank * x_count if collective == ALLGATHER else 0
@@ -192,19 +195,25 @@ cdef class NodeCall:
         cdef Py_ssize_t align = max(SLICE_ALIGN_BYTES // itemsize, 1)
         cdef Py_ssize_t lo = _edge(total, self.node.local_size, self.node.local_rank, align)
         cdef Py_ssize_t hi = _edge(total, self.node.local_size, self.node.local_rank + 1, align)
+        cdef int64_t g = self.chunks_done
+        cdef Py_ssize_t column = DESCRIPTOR + DESCRIPTOR_WORDS * (self.calls_done % 2)
         cdef Rail vote_rail, data_rail
         _rail_of(vote, &vote_rail)
         _rail_of(rail, &data_rail)
         cdef int outcome
         with nogil:
-            outcome = _run(&self.node, descriptor_column, fields, calls_done, g,
+            outcome = _run(&self.node, column, fields, self.calls_done, g,
                            self.stages + (g % STAGES) * self.stage_bytes, self.slot_bytes, collective,
-                           self.rank == root, <char*>x, x_count * itemsize, x_at * itemsize, <char*>out,
+                           self.rank == fields[4], x, x_count * itemsize, x_at * itemsize, out,
                            out_count * itemsize, out_at * itemsize, total * itemsize, lo * itemsize, hi * itemsize,
                            kind, itemsize, code, self.size if avg else 1, self.threads, self.inputs, copy_out,
                            &vote_rail, &data_rail, self.rail_yield_s, self.rail_sleep_ns, announced, folded)
         if outcome == INTERRUPTED:
-            raise_pending()
+            return raise_pending()
+        if outcome != WAIT_CALL:
+            self.calls_done += 1
+        if outcome == DONE or outcome == MISMATCH_SPENT:
+            self.chunks_done = g + 1
         return outcome
 
 

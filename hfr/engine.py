@@ -27,6 +27,9 @@ its slice over the rail inside the call check's vote (its record, hfr/_internode
 not two. Its ranks, agreeing within the node, publish ARRIVED and reduce their slice into the record
 before the vote; if the vote finds that nodes differ, each ends the chunk with no result (REDUCED,
 CONSUMED) before raising, so the node's counters agree for the next call.
+The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock
+for the call that runs, and runs a blocking allreduce of a host array of one chunk itself, with the
+protocol in C (hfr/_node_call.pyx), which keeps the sequence numbers of every call.
 """
 from __future__ import annotations
 
@@ -43,11 +46,12 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _kernels, _node_call, internode, kernels
+from ._front import Front, rail_shape_key
 from ._node_call import slice_bounds
-from .arrays import Array
+from .arrays import Array, inspect
 from .copies import CudaCopies, HostCopies, caller_ready, finished
 from .errors import HFRError, HFRTimeoutError, MismatchError
-from .ops import DTYPES, Op, dtype_code, op_code
+from .ops import DTYPES, Op, as_op, dtype_code, op_code
 from .shm import ROW_WORDS, Segment
 from .threads import name_this_thread
 from .topology import Layout
@@ -62,7 +66,7 @@ __all__ = ["Engine", "Call", "COLLECTIVES"]
 
 STAGES = 3
 ANNOUNCED, ARRIVED, REDUCED, CONSUMED = 0, 8, 16, 24  # control words, one cache line apart
-DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls
+DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls (NodeCall.descriptor_column)
 DESCRIPTOR_WORDS = 8
 CLOSING = 48
 HEALTHY, BROKEN = 1, 2  # CLOSING's values
@@ -125,7 +129,6 @@ class Engine:
         self.chunk_bytes, self.timeout, self.threads, self.algo = chunk_bytes, timeout, threads, algo
         self.segment = Segment(node_comm, chunk_bytes, STAGES)
         self._reduce = kernels.unchecked_reducer()  # our slots and slices are valid by construction
-        self._in_c = self._reduce is _kernels.reduce  # calls of one chunk run in C (_run says which)
         self._node_call = _node_call.NodeCall(
             self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
             self.segment.slot_address(0, 0), self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
@@ -139,18 +142,14 @@ class Engine:
         self._vote = None if layout.nnodes == 1 else internode.vote_schedule(rail_comm, self._vote_record)
         self._rail_shapes: dict[tuple, Any] = {}
         self._rail_scratch = np.empty(0, np.uint8)
-        self.broken: Optional[BaseException] = None
-        self._chunks_done = 0
-        self._calls_done = 0
         self._host = HostCopies(threads)
         self._cuda: Optional[CudaCopies] = None
         self._copies_out: deque = deque()  # (sequence number, token) of copies out not yet CONSUMED
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._order = threading.Lock()  # guards _unfinished (calls submitted and not yet finished) and _closed
-        self._idle = threading.Condition(self._order)  # notified when a call finishes
-        self._unfinished = 0
-        self._closed = False
-        self._running = threading.Lock()  # held while a call runs, on whichever thread
+        # Admission, the running lock and the blocking host call of one chunk, in C (hfr/_front.pyx);
+        # calls of one chunk run in C (_run says which) with the Cython kernels: front.in_c.
+        self.front = Front(self._node_call, self, layout.rank, layout.nnodes, chunk_bytes, self._rail_shapes,
+                           self._reduce is _kernels.reduce)
         self._thread = threading.Thread(target=self._serve, name=f"hfr-progress-{layout.rank}", daemon=True)
         self._thread.start()
 
@@ -158,31 +157,18 @@ class Engine:
     def submit(self, call: Call) -> Work:
         """Queue the call for the progress thread. Raises HFRError once the communicator is closed or
         has failed."""
-        self._admit(inline=False)
+        self.front.admit(False)
         return self._enqueue(call)
 
     def run(self, call: Call) -> Any:
         """Run the call and return its result, raising its failure (as submit, then wait). It runs right
         here when no other call is queued or running: two thread hand-offs fewer."""
-        if not self._admit(inline=True):
+        if not self.front.admit(True):
             return self._enqueue(call).wait()
         error = self._execute(call)
         if error is not None:
             raise error
         return call.result
-
-    def _admit(self, inline: bool) -> bool:
-        """Count a new call in (HFRError once closed or failed); True if it may run on the calling
-        thread: inline asked, and no other call is queued or running."""
-        with self._order:
-            if self._closed:
-                raise HFRError("the communicator is closed")
-            if self.broken is not None:
-                raise HFRError(f"rank {self.layout.rank}: the communicator failed earlier and takes no more calls: "
-                               f"{self.broken}")
-            inline = inline and self._unfinished == 0
-            self._unfinished += 1
-        return inline
 
     def _enqueue(self, call: Call) -> Work:
         """Queue an admitted call (undoing its admission if that fails)."""
@@ -190,33 +176,24 @@ class Engine:
             if call.x.kind == "cupy":  # the call runs later: its copies wait for the caller's work queued by now
                 call.ready = caller_ready(call.x.stream, call.x.device)
         except BaseException:
-            self._leave()
+            self.front.leave()
             raise
         work = Work(lambda: call.describe(self.layout.rank), call.result)
         self._queue.put((call, work))
         return work
 
-    def _leave(self) -> None:
-        """Count a call out: finished, or never run."""
-        with self._order:
-            self._unfinished -= 1
-            if self._closed:  # close() may be waiting for it
-                self._idle.notify_all()
-
     def close(self) -> bool:
         """Refuse new calls, finish those already submitted, stop the thread; then free the segment
         (collective over the node) if every rank of the node closes healthy within the timeout.
         Returns whether it was freed: if not, nothing collective may be attempted any more."""
-        with self._order:
-            self._closed = True
+        self.front.close()
         self._queue.put(None)
         self._thread.join()
-        with self._order:  # blocking calls still running on their callers' threads finish first
-            self._idle.wait_for(lambda: self._unfinished == 0)
+        self.front.wait_idle()  # blocking calls still running on their callers' threads finish first
         # Each rank says how it closes in its control row, so a healthy rank never enters the window's
         # collective free beside a peer that failed (and skips it), nor waits for one past the timeout.
-        self._publish(CLOSING, HEALTHY if self.broken is None else BROKEN)
-        if self.broken is not None:
+        self._publish(CLOSING, HEALTHY if self.front.broken is None else BROKEN)
+        if self.front.broken is not None:
             return False
         try:
             self._wait_all(CLOSING, HEALTHY, "the node's ranks to close")
@@ -241,23 +218,42 @@ class Engine:
     def _execute(self, call: Call) -> Optional[BaseException]:
         """Run one call, one at a time. Returns its failure, if it failed: an HFRError (the original as
         its __cause__), or the KeyboardInterrupt that ended it."""
-        error = None
+        self.front.hold()
         try:
-            with self._running:
-                if self.broken is not None:
-                    error = HFRError(f"rank {self.layout.rank}: the communicator failed earlier and takes no more "
-                                     f"calls: {self.broken}")
-                else:
-                    try:
-                        self._run(call)
-                    except MismatchError as mismatch:
-                        error = mismatch
-                    except BaseException as failure:  # the peers' state is unknown now: refuse further calls
-                        wrap = isinstance(failure, Exception) and not isinstance(failure, HFRError)  # not Ctrl-C
-                        self.broken = error = _as_hfr_error(failure, call, self.layout) if wrap else failure
+            error = self.front.refusal()
+            if error is None:
+                try:
+                    self._run(call)
+                except BaseException as failure:
+                    error = self._failed(call, failure)
         finally:
-            self._leave()
+            self.front.release()
+            self.front.leave()
         return error
+
+    def _failed(self, call: Call, failure: BaseException) -> BaseException:
+        """What a failed call raises: a mismatch as it is; any other failure leaves the peers' state
+        unknown and refuses further calls (front.broken): as an HFRError (the original as its __cause__),
+        or the KeyboardInterrupt as it is."""
+        if isinstance(failure, MismatchError):
+            return failure
+        wrap = isinstance(failure, Exception) and not isinstance(failure, HFRError)  # not Ctrl-C
+        self.front.broken = error = _as_hfr_error(failure, call, self.layout) if wrap else failure
+        return error
+
+    def _front_failed(self, x: Any, op: Any, out: Any, ended: Any, g: int, vote, rail) -> BaseException:
+        """What an allreduce that the front ran in C (hfr/_front.pyx) raises where it did not end DONE:
+        ended is its outcome, or the exception that stopped it (Ctrl-C in a wait); as for the engine's own
+        calls (_run_one_chunk_in_c, then _execute)."""
+        xa = inspect(x, "x", writable=False)
+        call = Call("allreduce", xa, xa if out is None else inspect(out, "out"), as_op(op), 0, None, None)
+        try:
+            if isinstance(ended, BaseException):
+                internode.abandon(vote, rail)
+                raise ended
+            self._one_chunk_failed(call, ended, g, vote, rail)  # raises
+        except BaseException as failure:
+            return self._failed(call, failure)
 
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
@@ -265,7 +261,7 @@ class Engine:
         # A call of one chunk runs in C (hfr/_node_call.pyx), with the Cython kernel: a host array's
         # straight, a CUDA array's staged whole in our input slot where it is reduced from there; across
         # nodes those that reduce (_STAGED), with the rail's schedule in C too (_RAIL_IN_C).
-        in_c = self._in_c and 0 < call.nbytes <= self.chunk_bytes and (
+        in_c = self.front.in_c and 0 < call.nbytes <= self.chunk_bytes and (
             call.collective in _STAGED and (self.layout.nnodes == 1 or self._algo_for(call) in _RAIL_IN_C)
             or x.kind == "numpy" and self.layout.nnodes == 1)
         if in_c and x.kind == "numpy":
@@ -291,7 +287,7 @@ class Engine:
         chunk_elems = self.chunk_bytes // itemsize
         total = call.elements
         nchunks = -(-total // chunk_elems)
-        base = self._chunks_done
+        base = self._node_call.chunks_done
         align = SLICE_ALIGN_BYTES // itemsize
         root_node = layout.rank_nodes[root]
         is_root = layout.rank == root
@@ -420,7 +416,7 @@ class Engine:
                 deposit(c + STAGES)
         while self._retire_copies_out():
             copies.wait(self._copies_out[-1][1])  # copies out finish in order: the last one last
-        self._chunks_done = base + nchunks
+        self._node_call.chunks_done = base + nchunks
 
     def _end_chunk_unused(self, g: int, where: str) -> None:
         """A folded call's mismatch: every rank of the node has ARRIVED for chunk g; end it with no result
@@ -428,7 +424,7 @@ class Engine:
         self._publish(REDUCED, g + 1)
         self._wait_all(REDUCED, g + 1, f"{where}: the node's ranks to finish their slices")
         self._publish(CONSUMED, g + 1)  # no copy out is pending: every call retires its own
-        self._chunks_done = g + 1
+        self._node_call.chunks_done = g + 1
 
     def _run_one_chunk_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
         """The steps of _run_chunks for its one chunk g, with the GIL released throughout (across nodes
@@ -436,7 +432,7 @@ class Engine:
         into our input slot first and our part of the result out after, each one copy, finished before the
         next step: on the caller's stream for a call run on its thread, else on ours after the caller's
         ready event."""
-        x, out, g = call.x, call.out, self._chunks_done
+        x, out, g = call.x, call.out, self._node_call.chunks_done
         code = _COLLECTIVE_CODES[call.collective]
         x_address = x.address
         if copies is not None:  # announced first: a peer then waits for our data, not for our call
@@ -450,15 +446,13 @@ class Engine:
         try:
             outcome = self._node_call.run(
                 code, x_address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype), call.op,
-                -1 if code in _NO_OP else op_code(call.op), call.root, self._descriptor_column(), self._calls_done, g,
-                copies is None, vote, rail, copies is not None, folded)  # copy_out, vote, rail, announced, folded
+                -1 if code in _NO_OP else op_code(call.op), call.root, copies is None, vote, rail, copies is not None,
+                folded)  # copy_out, vote, rail, announced, folded
         except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
             internode.abandon(vote, rail)
             raise
         if outcome != _node_call.Outcome.DONE:
             self._one_chunk_failed(call, outcome, g, vote, rail)
-        self._calls_done += 1
-        self._chunks_done = g + 1
         if copies is not None:
             if call.collective != "reduce" or self.layout.rank == call.root:
                 _, out_at = call.places(self.layout.rank)
@@ -478,7 +472,7 @@ class Engine:
         rewound. Unfolded, vote is the call check's (its votes filled in by the caller) and rail the
         allreduce of our slice of the result slot over the rail (None where the slice is empty); folded,
         vote carries the slice in its record and rail is None."""
-        shape = (stage, call.elements, call.x.dtype, call.op)
+        shape = rail_shape_key(stage, call.elements, dtype_code(call.x.dtype), op_code(call.op))
         schedules = self._rail_shapes.get(shape)
         if schedules is None:
             if len(self._rail_shapes) >= _RAIL_SHAPES_KEPT:
@@ -508,14 +502,14 @@ class Engine:
         return self._vote, rail, False
 
     def _one_chunk_failed(self, call: Call, outcome: int, g: int, vote, rail) -> None:
-        """Raise what the C path's outcome means, as the Python loop would have at the same step."""
+        """Raise what the C path's outcome means, as the Python loop would have at the same step (NodeCall
+        counted the call and its chunk as that loop would)."""
         Outcome = _node_call.Outcome
         if outcome == Outcome.WAIT_CALL:
             raise self._timed_out(f"{call.collective}: the node's ranks to make the call",
-                                  self._laggards(ANNOUNCED, self._calls_done + 1))
-        self._calls_done += 1  # the check passed the ANNOUNCED wait, as _check counts it
+                                  self._laggards(ANNOUNCED, self._node_call.calls_done + 1))
         if outcome == Outcome.MISMATCH_SPENT:  # every rank of the node ended chunk g with no result
-            self._chunks_done, outcome = g + 1, Outcome.MISMATCH
+            outcome = Outcome.MISMATCH
         if outcome == Outcome.VOTE_STOPPED:
             try:
                 internode.stopped(self.rail_comm, vote, internode.VOTE_WHAT)
@@ -561,16 +555,11 @@ class Engine:
         return internode.choose_algo(call.elements * call.x.dtype.itemsize, self.layout.nnodes)
 
     # --- agreement before any data moves ------------------------------------------------------
-    def _descriptor_column(self) -> int:
-        """Where the current call's descriptors go: calls alternate between two rows, so a fast rank
-        never overwrites a row that a slow one still reads."""
-        return DESCRIPTOR + DESCRIPTOR_WORDS * (self._calls_done % 2)
-
     def _announce(self, call: Call) -> list[int]:
         """Write this call's descriptor into our control row and say so; returns the descriptor."""
-        column, mine = self._descriptor_column(), call.descriptor()
+        column, mine = self._node_call.descriptor_column, call.descriptor()
         self.segment.control[self.layout.local_rank, column : column + len(mine)] = mine
-        self._publish(ANNOUNCED, self._calls_done + 1)
+        self._publish(ANNOUNCED, self._node_call.calls_done + 1)
         return mine
 
     def _check(self, call: Call, mine: list[int]) -> Callable[..., None]:
@@ -579,10 +568,10 @@ class Engine:
         moves and before anything reaches the caller's arrays. Across nodes settle() runs a small vote
         on the rail. A folded call calls settle(vote, on_mismatch) after ARRIVED instead, with the vote
         that carries its slice; on_mismatch ends the chunk before the MismatchError is raised."""
-        column = self._descriptor_column()
-        self._wait_all(ANNOUNCED, self._calls_done + 1, f"{call.collective}: the node's ranks to make the call")
+        column = self._node_call.descriptor_column
+        self._wait_all(ANNOUNCED, self._node_call.calls_done + 1, f"{call.collective}: the node's ranks to make the call")
         rows = self.segment.control[:, column : column + len(mine)].tolist()  # plain ints: cheap
-        self._calls_done += 1
+        self._node_call.calls_done += 1
         differs = any(row != rows[0] for row in rows)
 
         def settle(vote: Any = None, on_mismatch: Callable[[], None] = lambda: None) -> None:

@@ -144,8 +144,8 @@ def test_fsdp_collectives_against_every_host_peer(collective, op, nprocs):
     assert {int(r["count"]) % nprocs for r in rows} == {0}  # the larger buffer's count, n x k
 
 
-@pytest.mark.parametrize("local_size,parts", [(None, {"hfr", "mpi", "python"}),
-                                              (1, {"hfr", "vote", "doubling", "mpi", "python"})])
+@pytest.mark.parametrize("local_size,parts", [(None, {"hfr", "c", "mpi"}),
+                                              (1, {"hfr", "c", "vote", "doubling", "mpi"})])
 def test_call_parts_times_every_part(local_size, parts):
     """bench/call_parts.py on one node and on 2 emulated nodes: one line with every part's time."""
     env = {"HFR_LOCAL_SIZE": str(local_size)} if local_size else {}

@@ -21,9 +21,20 @@ def test_the_c_path_numbers_the_protocol_as_the_engine():
     from hfr import _node_call, engine
 
     assert [c.name.lower() for c in _node_call.Collective] == list(engine.COLLECTIVES)
-    assert [(w.name, int(w)) for w in _node_call.Protocol] == [
-        (name, getattr(engine, name)) for name in ("ANNOUNCED", "ARRIVED", "REDUCED", "CONSUMED", "STAGES", "SLICE_ALIGN_BYTES")
+    assert [(name, int(w)) for name, w in _node_call.Protocol.__members__.items()] == [  # aliases too
+        (name, getattr(engine, name)) for name in ("ANNOUNCED", "ARRIVED", "REDUCED", "CONSUMED", "STAGES", "SLICE_ALIGN_BYTES",
+                                                   "DESCRIPTOR", "DESCRIPTOR_WORDS")
     ] + [("DESCRIPTOR_FIELDS", len(engine.DESCRIPTOR_FIELDS)), ("WHOLE_UP_TO_BYTES", engine.WHOLE_UP_TO_BYTES)]
+
+
+@pytest.mark.parametrize("nprocs,local_size", [(2, None), (2, 1), (4, 2)])
+def test_the_front_runs_small_host_allreduces_and_hands_the_rest_to_the_engine(nprocs, local_size):
+    """The blocking allreduce of a NumPy array of one chunk runs whole in C (hfr/_front.pyx), in place and
+    out of place, every op on six dtypes, right element by element; the engine's Python takes every other
+    call (other op spellings, a subclass, two chunks, a call behind an async one, across nodes a call
+    shape's first calls) and refuses bad input as before, the arrays untouched."""
+    out = run_mpi(nprocs, "front_worker.py", "none" if local_size is None else str(local_size), timeout=120).stdout
+    assert out.count("front ok") == nprocs
 
 
 @pytest.mark.parametrize("nprocs,local_size", [(3, None), (4, 2), (3, 1)])

@@ -29,7 +29,7 @@ comms = [hfr.Communicator(world, local_size=cfg.get("local_size"), chunk_bytes=c
 if rank in cfg.get("python_loop_ranks", []):  # these ranks run every call through the engine's Python loop
     for comm in comms:
         if comm._engine is not None:
-            comm._engine._in_c = False
+            comm._engine.front.in_c = False
 POISON = 0x5A
 
 

@@ -126,7 +126,7 @@ for count in (3 << 20, 1000):
 # One-chunk calls in C beside a rank whose calls take the Python loop (rank 1): the same bits.
 mixed = hfr.Communicator(world, chunk_bytes=1 << 20)
 if rank == 1:
-    mixed._engine._in_c = False
+    mixed._engine.front.in_c = False
 for collective, count in (("allreduce", 7), ("allreduce", 100003), ("reduce_scatter", 1001), ("reduce", 33)):
     seed += 1
     host = make_input(np.dtype(np.float32), Op.SUM, count * (size if collective == "reduce_scatter" else 1), seed)

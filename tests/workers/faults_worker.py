@@ -71,7 +71,7 @@ if scenario == "mismatch":
 elif scenario == "rounds":
     layout = f"{comm.nnodes} x {comm.local_size}"
     if len(sys.argv) > 3 and rank == int(sys.argv[3]):
-        comm._engine._in_c = False
+        comm._engine.front.in_c = False
     on_device = on_host = np.asarray
     if os.environ.get("FAULT_ARRAY") == "cupy":
         import cupy

@@ -102,7 +102,7 @@ elif scenario == "foreign":
             raise MemoryError("no memory for the scratch tiles (injected)")
 
         comm._engine._reduce = no_memory
-        comm._engine._in_c = False  # the Python loop calls _reduce (the C path reduces in C)
+        comm._engine.front.in_c = False  # the Python loop calls _reduce (the C path reduces in C)
         error = expect(hfr.HFRError, "MemoryError: no memory",
                        lambda: comm.allreduce(np.ones(failing, np.float32), out=np.empty(failing, np.float32)))
         assert isinstance(error.__cause__, MemoryError), repr(error.__cause__)

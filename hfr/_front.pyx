@@ -1,0 +1,245 @@
+# cython: language_level=3
+"""The calling thread's side of the engine, in C: which calls it takes, which one runs, and the
+commonest call run whole without Python.
+
+Admission (the engine's submit, run and close): a call is counted in as unfinished unless the
+communicator is closed or has failed (broken), and may run on its caller's thread when no other call is
+unfinished; otherwise the progress thread runs it. One call runs at a time, on whichever thread (the
+running lock).
+
+allreduce() takes the blocking allreduce of a NumPy array that fits in one chunk, the call that small
+messages make, where Python around the C protocol (hfr/_node_call.pyx) cost more than the protocol
+(bench/RESULTS.md): checked, admitted, run and counted out here. It returns None for anything else,
+and the engine's Python takes that call, raising what it raises: another array or argument, one that
+the checks would refuse, a call not to be run on this thread, and across nodes a call shape whose rail
+schedules the engine has not made yet (it keeps them, by rail_shape_key, in the dict shared with this).
+A failed call is handed back to the engine, which names the failure as for its own calls.
+"""
+from cpython.pythread cimport (NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock,
+                               PyThread_free_lock, PyThread_release_lock, PyThread_type_lock)
+from libc.stdint cimport int64_t
+from libc.string cimport memcmp
+
+cimport numpy as cnp
+
+from hfr._internode cimport Schedule
+from hfr._kernels cimport Kind, kernel_kind
+from hfr._kernels cimport op_code as kernel_op_code
+from hfr._node_call cimport NodeCall
+from hfr._wait cimport PyErr_CheckSignals, hfr_nap, raise_pending
+
+from hfr._node_call import Outcome, Protocol
+from hfr.errors import HFRError
+from hfr.ops import DTYPES, Op, is_float
+
+cnp.import_array()
+
+cdef enum:
+    MAX_DTYPES = 16
+    OPS = 5  # hfr.Op's members, in their wire order: SUM, AVG, MAX, MIN, PROD
+    AVG = 1
+    ALLREDUCE = 0  # the collective's wire code
+    IDLE_NAP_NS = 1000000  # close() looks for the last unfinished call this often
+cdef int DONE = Outcome.DONE
+cdef int STAGES = Protocol.STAGES
+
+
+cpdef tuple rail_shape_key(int stage, Py_ssize_t count, int dtype_code, int op_code):
+    """The key of a call shape's rail schedules (the engine's _rail_shapes): the stage, the elements,
+    and the dtype's and op's wire codes."""
+    return (stage, count, dtype_code, op_code)
+
+
+cdef class Front:
+    cdef PyThread_type_lock order  # guards unfinished and closed; held only in short sections
+    cdef PyThread_type_lock running  # held by the call that runs
+    cdef Py_ssize_t unfinished  # calls counted in and not yet out
+    cdef bint closed
+    cdef public object broken  # what failed a call and left the peers' state unknown: no more calls
+    cdef public bint in_c  # calls of one chunk run in C (the Cython kernels); tests turn it off
+    cdef int rank, nnodes
+    cdef Py_ssize_t chunk_bytes
+    cdef NodeCall node_call
+    cdef object engine  # names failures
+    cdef dict rail_shapes
+    cdef tuple dtypes, ops, op_names
+    cdef int ndtypes
+    cdef Py_ssize_t itemsizes[MAX_DTYPES]
+    cdef bint floating[MAX_DTYPES]
+    cdef Kind kinds[MAX_DTYPES][OPS]
+    cdef int kernel_codes[OPS]
+
+    def __cinit__(self):
+        self.order = PyThread_allocate_lock()
+        self.running = PyThread_allocate_lock()
+        if self.order == NULL or self.running == NULL:
+            raise MemoryError()
+
+    def __init__(self, NodeCall node_call, engine, int rank, int nnodes, Py_ssize_t chunk_bytes, dict rail_shapes,
+                 bint in_c):
+        self.node_call, self.engine, self.rank, self.nnodes = node_call, engine, rank, nnodes
+        self.chunk_bytes, self.rail_shapes, self.in_c = chunk_bytes, rail_shapes, in_c
+        self.dtypes, self.ops = tuple(DTYPES), tuple(Op)
+        self.op_names = tuple(op.value for op in Op)
+        self.ndtypes = len(self.dtypes)
+        assert self.ndtypes <= MAX_DTYPES and len(self.ops) == OPS and self.ops[AVG] is Op.AVG
+        cdef int d, k
+        for k in range(OPS):
+            self.kernel_codes[k] = kernel_op_code(Op.SUM if k == AVG else self.ops[k])
+        for d in range(self.ndtypes):
+            self.itemsizes[d], self.floating[d] = self.dtypes[d].itemsize, is_float(self.dtypes[d])
+            for k in range(OPS):
+                self.kinds[d][k] = kernel_kind(self.dtypes[d], self.kernel_codes[k])
+
+    def __dealloc__(self):
+        if self.order != NULL:
+            PyThread_free_lock(self.order)
+        if self.running != NULL:
+            PyThread_free_lock(self.running)
+
+    # --- admission ---------------------------------------------------------------------------
+    def admit(self, bint inline) -> bool:
+        """Count a new call in (HFRError once closed or failed); True if it may run on the calling thread:
+        inline asked, and no other call is unfinished."""
+        PyThread_acquire_lock(self.order, WAIT_LOCK)
+        refused = HFRError("the communicator is closed") if self.closed else self.refusal()
+        if refused is None:
+            inline = inline and self.unfinished == 0
+            self.unfinished += 1
+        PyThread_release_lock(self.order)
+        if refused is not None:
+            raise refused
+        return inline
+
+    def leave(self) -> None:
+        """Count a call out: finished, or never run."""
+        PyThread_acquire_lock(self.order, WAIT_LOCK)
+        self.unfinished -= 1
+        PyThread_release_lock(self.order)
+
+    def close(self) -> None:
+        """Refuse new calls."""
+        PyThread_acquire_lock(self.order, WAIT_LOCK)
+        self.closed = True
+        PyThread_release_lock(self.order)
+
+    def wait_idle(self) -> None:
+        """Wait until no call is unfinished (those running on their callers' threads too)."""
+        cdef Py_ssize_t unfinished = 1
+        while unfinished:
+            PyThread_acquire_lock(self.order, WAIT_LOCK)
+            unfinished = self.unfinished
+            PyThread_release_lock(self.order)
+            if unfinished:
+                with nogil:
+                    hfr_nap(IDLE_NAP_NS)
+                if PyErr_CheckSignals():
+                    raise_pending()
+
+    def refusal(self):
+        """The HFRError a call gets once an earlier call failed (broken), else None."""
+        if self.broken is None:
+            return None
+        return HFRError(f"rank {self.rank}: the communicator failed earlier and takes no more calls: {self.broken}")
+
+    def hold(self) -> None:
+        """Take the running lock (waiting for the call that holds it with the GIL released)."""
+        if not PyThread_acquire_lock(self.running, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(self.running, WAIT_LOCK)
+
+    def release(self) -> None:
+        PyThread_release_lock(self.running)
+
+    # --- the blocking host call of one chunk --------------------------------------------------
+    def allreduce(self, x, op, out):
+        """comm.allreduce(x, op, out) for a NumPy array of one chunk, run here: its result, or None where
+        the engine's Python takes the call (the module's docstring says when)."""
+        if not self.in_c or type(x) is not cnp.ndarray or (out is not None and type(out) is not cnp.ndarray):
+            return None
+        cdef cnp.ndarray a = <cnp.ndarray>x
+        cdef cnp.ndarray o = a if out is None else <cnp.ndarray>out
+        cdef int d = self._dtype_code(a), k = self._op_code(op)
+        if d < 0 or k < 0 or k == AVG and not self.floating[d]:
+            return None
+        cdef Py_ssize_t count = cnp.PyArray_SIZE(a), itemsize = self.itemsizes[d]
+        if count == 0 or count * itemsize > self.chunk_bytes or not _fits(a, o):
+            return None
+        # admitted to run here only when no other call is unfinished (one is now: this)
+        PyThread_acquire_lock(self.order, WAIT_LOCK)
+        cdef bint admitted = not self.closed and self.broken is None and self.unfinished == 0
+        if admitted:
+            self.unfinished = 1
+        PyThread_release_lock(self.order)
+        if not admitted:
+            return None
+        cdef Schedule vote = None, rail = None
+        cdef bint folded = False
+        cdef long long fields[5]
+        cdef int outcome
+        cdef int64_t g
+        self.hold()
+        try:
+            g = self.node_call.chunks_done
+            if self.nnodes > 1:
+                schedules = self.rail_shapes.get(rail_shape_key(g % STAGES, count, d, k))
+                if schedules is None:
+                    return None
+                vote, rail, folded = schedules
+                vote.rewind()
+                if rail is not None:
+                    rail.rewind()
+            if self.broken is not None:  # a call queued before ours failed
+                raise self.refusal()
+            fields[0], fields[1], fields[2], fields[3], fields[4] = ALLREDUCE, count, d, k, 0
+            try:
+                outcome = self.node_call.call(fields, <char*>cnp.PyArray_DATA(a), <char*>cnp.PyArray_DATA(o), count,
+                                              itemsize, self.kinds[d][k], self.kernel_codes[k], k == AVG, True,
+                                              vote, rail, False, folded)
+            except BaseException as error:  # Ctrl-C in a wait
+                raise self.engine._front_failed(x, op, out, error, g, vote, rail)
+            if outcome != DONE:
+                raise self.engine._front_failed(x, op, out, outcome, g, vote, rail)
+        finally:
+            self.release()
+            self.leave()
+        return x if out is None else out
+
+    cdef int _dtype_code(self, cnp.ndarray a):
+        """a's dtype's wire code, -1 where it is not one of DTYPES' own objects."""
+        cdef object descr = <object>cnp.PyArray_DESCR(a)
+        cdef int d
+        for d in range(self.ndtypes):
+            if descr is self.dtypes[d]:
+                return d
+        return -1
+
+    cdef int _op_code(self, object op):
+        """op's wire code: an hfr.Op or its name as Op spells it; -1 for any other spelling."""
+        cdef int k
+        for k in range(OPS):
+            if op is self.ops[k] or op is self.op_names[k]:
+                return k
+        if type(op) is str:  # the same name made at run time, not the interned constant
+            for k in range(OPS):
+                if op == self.op_names[k]:
+                    return k
+        return -1
+
+
+cdef bint _fits(cnp.ndarray x, cnp.ndarray out):
+    """x and out, as allreduce's checks would pass them: C-contiguous, the same dtype object and shape,
+    out writable and either x's memory or apart from it."""
+    cdef int flags = cnp.NPY_ARRAY_C_CONTIGUOUS
+    if not cnp.PyArray_CHKFLAGS(x, flags) or not cnp.PyArray_CHKFLAGS(out, flags | cnp.NPY_ARRAY_WRITEABLE):
+        return False
+    if out is x:
+        return True
+    if cnp.PyArray_DESCR(out) is not cnp.PyArray_DESCR(x) or cnp.PyArray_NDIM(out) != cnp.PyArray_NDIM(x):
+        return False
+    if memcmp(cnp.PyArray_DIMS(out), cnp.PyArray_DIMS(x), cnp.PyArray_NDIM(x) * sizeof(cnp.npy_intp)):
+        return False
+    cdef char* a = <char*>cnp.PyArray_DATA(x)
+    cdef char* b = <char*>cnp.PyArray_DATA(out)
+    cdef Py_ssize_t nbytes = cnp.PyArray_NBYTES(x)
+    return a == b or b + nbytes <= a or a + nbytes <= b

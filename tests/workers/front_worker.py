@@ -1,0 +1,131 @@
+"""Which blocking allreduces the front runs in C (hfr/_front.pyx) and which it hands to the engine's
+Python, on every rank of the job; each call's result is checked element by element against a float64
+reference (or its error and the caller's arrays against what the checks promise).
+
+argv[1]: local_size (or "none"). Spies count the calls that reach Engine.run (the Python path).
+"""
+import sys
+import time
+
+import ml_dtypes
+import numpy as np
+from mpi4py import MPI
+
+import hfr
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+local_size = None if sys.argv[1] == "none" else int(sys.argv[1])
+comm = hfr.Communicator(world, local_size=local_size, chunk_bytes=4096)
+engine = comm._engine
+python_calls = []
+engine_run = engine.run
+engine.run = lambda call: (python_calls.append(call.collective), engine_run(call))[1]
+
+
+def values(n, dtype, seed):
+    """Rank-dependent, never zero, exact in every dtype hfr reduces (small integers)."""
+    return ((np.arange(n) * 7 + seed + 3 * rank) % 11 + 1).astype(dtype)
+
+
+def reference(n, dtype, seed, op):
+    all_ranks = np.stack([((np.arange(n) * 7 + seed + 3 * r) % 11 + 1).astype(np.float64) for r in range(size)])
+    return {"sum": all_ranks.sum(0), "avg": all_ranks.mean(0), "max": all_ranks.max(0), "min": all_ranks.min(0),
+            "prod": all_ranks.prod(0)}[op]
+
+
+def check(call, n, dtype, op, seed, *, by_python, what):
+    """call() returns the result of an allreduce of values(n, dtype, seed); it must equal the reference and
+    have taken the Python path (or not) as by_python says (None: either)."""
+    before = len(python_calls)
+    got = call()
+    want = reference(n, dtype, seed, op).astype(dtype)
+    assert np.array_equal(np.asarray(got, np.float64), want.astype(np.float64)), f"rank {rank} {what}: {got} != {want}"
+    took = len(python_calls) > before
+    assert by_python is None or took == by_python, f"rank {rank} {what}: took the {'Python' if took else 'C'} path"
+
+
+def refused(error_type, fragment, call, *arrays_before):
+    """call() raises error_type naming fragment; the arrays (array, its values before) are untouched."""
+    try:
+        call()
+    except error_type as error:
+        assert fragment in str(error), f"rank {rank}: {error!r} does not say {fragment!r}"
+    else:
+        raise AssertionError(f"rank {rank}: no {error_type.__name__} ({fragment})")
+    for array, before in arrays_before:
+        assert np.array_equal(array, before), f"rank {rank}: a refused call changed the caller's array"
+
+
+# Across nodes the engine makes a call shape's rail schedules (one per stage) at its first calls there.
+first_of_shape = comm.nnodes > 1
+seed = 0
+for dtype in (np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint8, np.float64):
+    for op in ("sum", "avg", "max", "min", "prod"):
+        if op == "avg" and np.dtype(dtype).kind in "iu" or op == "prod" and np.dtype(dtype).itemsize == 1:
+            continue
+        n = 5 if op == "prod" else 37
+        for _ in range(3 if first_of_shape else 1):  # each stage's first call of the shape, then the front's
+            seed += 1
+            x = values(n, dtype, seed)
+            check(lambda: comm.allreduce(x, op), n, dtype, op, seed, by_python=first_of_shape, what=f"{dtype} {op}")
+        seed += 1
+        x, out = values(n, dtype, seed), np.full(n, 99, dtype)
+        check(lambda: comm.allreduce(x, op), n, dtype, op, seed, by_python=False, what=f"{dtype} {op} in place")
+        seed += 1
+        x = values(n, dtype, seed)
+        check(lambda: comm.allreduce(x, hfr.Op(op), out=out), n, dtype, op, seed, by_python=False,
+              what=f"{dtype} {op} out of place")
+        assert np.array_equal(x, values(n, dtype, seed)), "out of place changed x"
+
+# Handed to the engine: spellings the front does not know, and arrays it does not take; right all the same.
+n = 37
+for _ in range(3):  # across nodes the engine keeps 64 shapes' schedules: those above are gone by now
+    seed += 1
+    check(lambda: comm.allreduce(values(n, np.float32, seed)), n, np.float32, "sum", seed, by_python=None, what="again")
+for what, make in [
+    ("op SUM", lambda x: comm.allreduce(x, "SUM")),
+    ("MPI.SUM", lambda x: comm.allreduce(x, MPI.SUM)),
+    ("a 2-D array of one chunk", lambda x: comm.allreduce(x.reshape(1, n)).reshape(n)),
+    ("a subclass", lambda x: comm.allreduce(x.view(np.memmap)).view(np.ndarray)),
+]:
+    seed += 1
+    check(lambda: make(values(n, np.float32, seed)), n, np.float32, "sum", seed,
+          by_python=what != "a 2-D array of one chunk", what=what)
+seed += 1
+big = 4096 // 4 + 1  # past one chunk
+check(lambda: comm.allreduce(values(big, np.float32, seed)), big, np.float32, "sum", seed, by_python=True,
+      what="two chunks")
+seed += 1
+x = values(n, np.float32, seed)
+if rank == size - 1:
+    time.sleep(0.2)  # the others' async calls wait for this rank's: unfinished when their blocking call comes
+work = comm.allreduce_async(x)  # another call unfinished: the blocking call goes behind it, through the engine
+y = values(n, np.float32, seed + 1)
+check(lambda: comm.allreduce(y), n, np.float32, "sum", seed + 1, by_python=None if rank == size - 1 else True,
+      what="behind an async call")
+work.wait()
+assert np.array_equal(x, reference(n, np.float32, seed, "sum").astype(np.float32)), "the async call's result"
+seed += 2
+
+# What the checks refuse is refused as before, naming the bad value, the caller's arrays untouched.
+x = values(n, np.float32, seed)
+overlap = np.full(2 * n, 5, np.float32)
+refused(ValueError, "partly overlaps", lambda: comm.allreduce(overlap[:n], out=overlap[1 : n + 1]),
+        (overlap, np.full(2 * n, 5, np.float32)))
+ro = values(n, np.float32, seed)
+ro.flags.writeable = False
+refused(ValueError, "read-only", lambda: comm.allreduce(ro), (ro, values(n, np.float32, seed)))
+refused(TypeError, "op 'avg' needs a float dtype", lambda: comm.allreduce(values(n, np.int32, seed), "avg"))
+refused(ValueError, "not C-contiguous", lambda: comm.allreduce(np.ones((n, 2), np.float32)[:, 0]))
+refused(ValueError, "unknown op 'mean'", lambda: comm.allreduce(x, "mean"), (x, values(n, np.float32, seed)))
+refused(TypeError, "out has dtype float64", lambda: comm.allreduce(x, out=np.zeros(n)), (x, values(n, np.float32, seed)))
+refused(ValueError, "out has shape", lambda: comm.allreduce(x, out=np.zeros(n + 1, np.float32)),
+        (x, values(n, np.float32, seed)))
+
+# After all that, the front again, element by element.
+seed += 1
+check(lambda: comm.allreduce(values(n, np.float32, seed)), n, np.float32, "sum", seed, by_python=False, what="last")
+comm.close()
+refused(hfr.HFRError, "closed", lambda: comm.allreduce(values(n, np.float32, seed)))
+print(f"rank {rank}: front ok", flush=True)
