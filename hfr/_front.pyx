@@ -15,8 +15,9 @@ the checks would refuse, a call not to be run on this thread, and across nodes a
 schedules the engine has not made yet (it keeps them, by rail_shape_key, in the dict shared with this).
 A failed call is handed back to the engine, which names the failure as for its own calls.
 """
-from cpython.pythread cimport (NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock,
-                               PyThread_free_lock, PyThread_release_lock, PyThread_type_lock)
+from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
+                               PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock,
+                               PyThread_type_lock)
 from libc.stdint cimport int64_t
 from libc.string cimport memcmp
 
@@ -26,7 +27,10 @@ from hfr._internode cimport Schedule
 from hfr._kernels cimport Kind, kernel_kind
 from hfr._kernels cimport op_code as kernel_op_code
 from hfr._node_call cimport NodeCall
-from hfr._wait cimport PyErr_CheckSignals, hfr_nap, raise_pending
+from hfr._wait cimport HFR_SIGNAL_CHECK_S, PyErr_CheckSignals, hfr_nap, raise_pending
+
+cdef extern from "pythread.h":
+    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds, int intr_flag) nogil
 
 from hfr._node_call import Outcome, Protocol
 from hfr.errors import HFRError
@@ -143,10 +147,14 @@ cdef class Front:
         return HFRError(f"rank {self.rank}: the communicator failed earlier and takes no more calls: {self.broken}")
 
     def hold(self) -> None:
-        """Take the running lock (waiting for the call that holds it with the GIL released)."""
-        if not PyThread_acquire_lock(self.running, NOWAIT_LOCK):
+        """Take the running lock, waiting for the call that holds it with the GIL released; a signal
+        handler that raises meanwhile (Ctrl-C) ends the wait with its exception."""
+        cdef bint got = PyThread_acquire_lock(self.running, NOWAIT_LOCK)
+        while not got:
             with nogil:
-                PyThread_acquire_lock(self.running, WAIT_LOCK)
+                got = PyThread_acquire_lock_timed(self.running, <long long>(HFR_SIGNAL_CHECK_S * 1e6), 0) == PY_LOCK_ACQUIRED
+            if not got and PyErr_CheckSignals():
+                raise_pending()
 
     def release(self) -> None:
         PyThread_release_lock(self.running)
@@ -178,8 +186,10 @@ cdef class Front:
         cdef long long fields[5]
         cdef int outcome
         cdef int64_t g
-        self.hold()
+        cdef bint held = False
         try:
+            self.hold()
+            held = True
             g = self.node_call.chunks_done
             if self.nnodes > 1:
                 schedules = self.rail_shapes.get(rail_shape_key(g % STAGES, count, d, k))
@@ -201,7 +211,8 @@ cdef class Front:
             if outcome != DONE:
                 raise self.engine._front_failed(x, op, out, outcome, g, vote, rail)
         finally:
-            self.release()
+            if held:
+                self.release()
             self.leave()
         return x if out is None else out
 

@@ -218,16 +218,18 @@ class Engine:
     def _execute(self, call: Call) -> Optional[BaseException]:
         """Run one call, one at a time. Returns its failure, if it failed: an HFRError (the original as
         its __cause__), or the KeyboardInterrupt that ended it."""
-        self.front.hold()
         try:
-            error = self.front.refusal()
-            if error is None:
-                try:
-                    self._run(call)
-                except BaseException as failure:
-                    error = self._failed(call, failure)
+            self.front.hold()
+            try:
+                error = self.front.refusal()
+                if error is None:
+                    try:
+                        self._run(call)
+                    except BaseException as failure:
+                        error = self._failed(call, failure)
+            finally:
+                self.front.release()
         finally:
-            self.front.release()
             self.front.leave()
         return error
 

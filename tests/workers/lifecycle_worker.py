@@ -15,6 +15,9 @@ race      a call that passed its checks just before close() ran is refused (HFRE
           with the caller's own input.
 interrupt a signal handler that raises (Ctrl-C's KeyboardInterrupt) during a call waiting in C for a
           peer that never comes ends the call at once with that exception, not after the timeout.
+held      the same while a call admitted to run on its caller's thread waits for the running lock
+          (held by another thread): the call ends with that exception, having changed nothing, and
+          the communicator's next call is right.
 inflight  rank 0 closes while a blocking call of another of its threads waits for a late peer: close()
           waits for that call, which ends right, before it frees the segment.
 """
@@ -159,5 +162,29 @@ elif scenario == "interrupt":
     done()
     world.Barrier()
     os._exit(0)
+elif scenario == "held":
+    import signal
+
+    comm = hfr.Communicator(world, timeout=60)
+    if rank == 0:  # a call admitted to run here waits for the running lock, which another call holds
+        holder = threading.Thread(target=comm._engine.front.hold)
+        holder.start()
+        holder.join()
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        start = time.monotonic()
+        x = np.ones(10, np.float32)
+        expect(KeyboardInterrupt, "", lambda: comm.allreduce(x))
+        assert time.monotonic() - start < 5, f"the interrupt took {time.monotonic() - start:.1f} s"
+        assert (x == 1).all(), x
+        comm._engine.front.release()  # as the holder would once its call ended
+    x = np.arange(10, dtype=np.float32) + rank  # the call never started: the next one is the first, on every rank
+    assert np.array_equal(comm.allreduce(x), np.arange(10, dtype=np.float32) * size + size * (size - 1) / 2), x
+    comm.close()
+    done()
 else:
     raise SystemExit(f"unknown scenario {scenario}")
