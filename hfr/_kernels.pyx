@@ -323,6 +323,19 @@ cdef inline uint16_t _f32_to_fp16(float f) noexcept nogil:
     return <uint16_t>(mag | sign)
 
 
+cdef void _sum_bf16(float* acc, const bf16_t* x, Py_ssize_t m, Py_ssize_t divisor) noexcept nogil:
+    """acc[i] += x[i], widened as it is read (a shift: no pass through a scratch tile); with a divisor
+    other than 1 then divided by it (avg's last fold): the roundings of _widen, then _fold or _add_divide."""
+    cdef float d = <float>divisor
+    cdef Py_ssize_t i
+    if divisor == 1:
+        for i in range(m):
+            acc[i] = acc[i] + _bf16_to_f32(x[i].bits)
+    else:
+        for i in range(m):
+            acc[i] = (acc[i] + _bf16_to_f32(x[i].bits)) / d
+
+
 cdef void _widen(float* dst, const half_t* src, Py_ssize_t m) noexcept nogil:
     cdef Py_ssize_t i
     if half_t is fp16_t and hfr_f16c:
@@ -381,6 +394,9 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
         if any_t is bf16_t or any_t is fp16_t:
             _widen(acc, xs[0] + start, m)
             for j in range(1, k):
+                if any_t is bf16_t and op == SUM:
+                    _sum_bf16(acc, xs[j] + start, m, divisor if j == k - 1 else 1)
+                    continue
                 _widen(tmp, xs[j] + start, m)
                 if j == k - 1 and divisor != 1:
                     _add_divide(acc, tmp, m, divisor)
