@@ -156,9 +156,19 @@ cdef class NodeCall:
 
     @property
     def descriptor_column(self) -> int:
-        """Where the next call's descriptors go: calls alternate between two rows, so a fast rank never
-        overwrites a row that a slow one still reads."""
-        return DESCRIPTOR + DESCRIPTOR_WORDS * (self.calls_done % 2)
+        """Where the next call's descriptors go (the engine's Python loop reads them there)."""
+        return _descriptor_column(self.calls_done)
+
+    def announce(self, list descriptor) -> None:
+        """Write the next call's descriptor (DESCRIPTOR_FIELDS ints) and publish ANNOUNCED: the announce
+        step, for a call that runs in the engine's Python loop or copies its data in first."""
+        cdef long long fields[DESCRIPTOR_FIELDS]
+        cdef Py_ssize_t i
+        if len(descriptor) != DESCRIPTOR_FIELDS:
+            raise ValueError(f"a descriptor has {DESCRIPTOR_FIELDS} fields, got {descriptor!r}")
+        for i in range(DESCRIPTOR_FIELDS):
+            fields[i] = descriptor[i]
+        _announce(&self.node, _descriptor_column(self.calls_done), fields, self.calls_done)
 
     def run(self, int collective, size_t x, Py_ssize_t x_count, size_t out, Py_ssize_t out_count, object dtype,
             int dtype_code, object op, int op_code_on_wire, int root, bint copy_out=True, Schedule vote=None,
@@ -196,7 +206,7 @@ cdef class NodeCall:
         cdef Py_ssize_t lo = _edge(total, self.node.local_size, self.node.local_rank, align)
         cdef Py_ssize_t hi = _edge(total, self.node.local_size, self.node.local_rank + 1, align)
         cdef int64_t g = self.chunks_done
-        cdef Py_ssize_t column = DESCRIPTOR + DESCRIPTOR_WORDS * (self.calls_done % 2)
+        cdef Py_ssize_t column = _descriptor_column(self.calls_done)
         cdef Rail vote_rail, data_rail
         _rail_of(vote, &vote_rail)
         _rail_of(rail, &data_rail)
@@ -215,6 +225,21 @@ cdef class NodeCall:
         if outcome == DONE or outcome == MISMATCH_SPENT:
             self.chunks_done = g + 1
         return outcome
+
+
+cdef inline Py_ssize_t _descriptor_column(int64_t calls_done) noexcept nogil:
+    """Where the descriptors of the call after calls_done go: calls alternate between two rows, so a fast
+    rank never overwrites a row that a slow one still reads."""
+    return DESCRIPTOR + DESCRIPTOR_WORDS * (calls_done % 2)
+
+
+cdef void _announce(Node* node, Py_ssize_t column, long long* fields, int64_t calls_done) noexcept nogil:
+    """Our descriptor into our control row at column, then ANNOUNCED for the call after calls_done."""
+    cdef long long* row = node.control + node.local_rank * node.row_words
+    cdef Py_ssize_t i
+    for i in range(DESCRIPTOR_FIELDS):
+        row[column + i] = fields[i]
+    _publish(node, ANNOUNCED, calls_done + 1)
 
 
 cdef int _arrive(Node* node, int64_t g) noexcept nogil:
@@ -245,7 +270,6 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
               Py_ssize_t total, Py_ssize_t lo, Py_ssize_t hi, Kind kind, Py_ssize_t itemsize, int code,
               Py_ssize_t divisor, int threads, void** inputs, bint copy_out, Rail* vote, Rail* rail,
               double rail_yield_s, long rail_sleep_ns, bint announced, bint folded) noexcept nogil:
-    cdef long long* row = node.control + node.local_rank * node.row_words
     cdef long long* other
     cdef long long* votes
     cdef char* own_slot = slots + node.local_rank * slot_bytes
@@ -262,11 +286,8 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
     elif collective == BROADCAST:
         copies_out = not (is_root and out == x)
 
-    # announce
     if not announced:
-        for i in range(DESCRIPTOR_FIELDS):
-            row[column + i] = fields[i]
-        _publish(node, ANNOUNCED, calls_done + 1)
+        _announce(node, column, fields, calls_done)
     # copy in: what the others reduce (our own slice stays in x). Our slot's last readers are done: they
     # read it for chunk g - STAGES, and every rank had published REDUCED for it before its ARRIVED g that
     # we saw at chunk g - 1 (the engine's terms)

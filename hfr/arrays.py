@@ -58,8 +58,7 @@ def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
         if writable and not flags.writeable:
             raise ValueError(f"{name} is read-only: it cannot receive the result (pass out=)")
         if flags.c_contiguous and x.dtype in DTYPE_CODES:  # the common case, in fewer steps
-            flat = x if x.ndim == 1 else x.reshape(-1)
-            return Array(x, flat, kind, None, x.dtype, x.shape, kind, None, data_address(x), x.size, x.nbytes)
+            return Array(x, _flat(x), kind, None, x.dtype, x.shape, kind, None, data_address(x), x.size, x.nbytes)
     elif _is_torch(x):
         return _inspect_tensor(x, name, writable)
     elif _is_cupy(x):
@@ -73,8 +72,7 @@ def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
     if not x.flags.c_contiguous:
         raise ValueError(f"{name} is not C-contiguous (shape {x.shape}, strides {x.strides})")
     dtype = as_dtype(x.dtype)
-    return Array(x, x.reshape(-1), kind, device, dtype, tuple(x.shape), kind, stream, _address(x, kind), x.size,
-                 x.nbytes)
+    return Array(x, _flat(x), kind, device, dtype, tuple(x.shape), kind, stream, _address(x, kind), x.size, x.nbytes)
 
 
 def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
@@ -103,13 +101,18 @@ def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
         import cupy
 
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream, t.device.index)
-        flat, kind, device = cupy.from_dlpack(bits).reshape(-1), "cupy", t.device.index
+        flat, kind, device = _flat(cupy.from_dlpack(bits)), "cupy", t.device.index
     else:
-        flat, kind, device, stream = np.from_dlpack(bits).reshape(-1).view(dtype), "numpy", None, None
+        flat, kind, device, stream = _flat(np.from_dlpack(bits)).view(dtype), "numpy", None, None
     if writable:
         torch.autograd.graph.increment_version(t)
     return Array(t, flat, kind, device, dtype, tuple(t.shape), "torch", stream, _address(flat, kind), flat.size,
                  flat.size * dtype.itemsize)
+
+
+def _flat(a: Any) -> Any:
+    """A C-contiguous array as 1-D: itself where it is (a view costs a CuPy array more than a NumPy one)."""
+    return a if a.ndim == 1 else a.reshape(-1)
 
 
 def _address(a: Any, kind: str) -> int:

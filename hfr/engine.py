@@ -559,9 +559,8 @@ class Engine:
     # --- agreement before any data moves ------------------------------------------------------
     def _announce(self, call: Call) -> list[int]:
         """Write this call's descriptor into our control row and say so; returns the descriptor."""
-        column, mine = self._node_call.descriptor_column, call.descriptor()
-        self.segment.control[self.layout.local_rank, column : column + len(mine)] = mine
-        self._publish(ANNOUNCED, self._node_call.calls_done + 1)
+        mine = call.descriptor()
+        self._node_call.announce(mine)
         return mine
 
     def _check(self, call: Call, mine: list[int]) -> Callable[..., None]:
