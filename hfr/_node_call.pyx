@@ -159,6 +159,10 @@ cdef class NodeCall:
         """Where the next call's descriptors go (the engine's Python loop reads them there)."""
         return _descriptor_column(self.calls_done)
 
+    def publish(self, Py_ssize_t column, int64_t value) -> None:
+        """Our counter in column := value, seen by the others after every store of ours before it."""
+        _publish(&self.node, column, value)
+
     def announce(self, list descriptor) -> None:
         """Write the next call's descriptor (DESCRIPTOR_FIELDS ints) and publish ANNOUNCED: the announce
         step, for a call that runs in the engine's Python loop or copies its data in first."""

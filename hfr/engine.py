@@ -608,8 +608,7 @@ class Engine:
 
     # --- waiting -------------------------------------------------------------------------------
     def _publish(self, column: int, value: int) -> None:
-        self.segment.sync()  # our data stores become visible before the counter that announces them
-        self.segment.control[self.layout.local_rank, column] = value
+        self._node_call.publish(column, value)  # our data stores become visible before the counter
 
     def _all_reached(self, column: int, target: int) -> bool:
         self.segment.sync()
