@@ -9,11 +9,13 @@ running lock).
 
 allreduce() takes the blocking allreduce of a NumPy array that fits in one chunk, the call that small
 messages make, where Python around the C protocol (hfr/_node_call.pyx) cost more than the protocol
-(bench/RESULTS.md): checked, admitted, run and counted out here. It returns None for anything else,
-and the engine's Python takes that call, raising what it raises: another array or argument, one that
-the checks would refuse, a call not to be run on this thread, and across nodes a call shape whose rail
-schedules the engine has not made yet (it keeps them, by rail_shape_key, in the dict shared with this).
-A failed call is handed back to the engine, which names the failure as for its own calls.
+(bench/RESULTS.md): checked, admitted, run and counted out here. It returns None, before admitting it,
+for anything else, and the engine's Python takes that call, raising what it raises: another array or
+argument, one that the checks would refuse, a call not to be run on this thread (another is
+unfinished). Across nodes a call shape whose rail schedules the engine has not made yet (it keeps them,
+by rail_shape_key, in the dict shared with this) is admitted here and run by the engine's Python
+(Engine.run_held), so that no call admitted after it runs first. A failed call is handed back to the
+engine, which names the failure as for its own calls.
 """
 from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
                                PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock,
@@ -130,11 +132,11 @@ cdef class Front:
     def wait_idle(self) -> None:
         """Wait until no call is unfinished (those running on their callers' threads too)."""
         cdef Py_ssize_t unfinished = 1
-        while unfinished:
+        while unfinished > 0:
             PyThread_acquire_lock(self.order, WAIT_LOCK)
             unfinished = self.unfinished
             PyThread_release_lock(self.order)
-            if unfinished:
+            if unfinished > 0:
                 with nogil:
                     hfr_nap(IDLE_NAP_NS)
                 if PyErr_CheckSignals():
@@ -170,8 +172,8 @@ cdef class Front:
         cdef int d = self._dtype_code(a), k = self._op_code(op)
         if d < 0 or k < 0 or k == AVG and not self.floating[d]:
             return None
-        cdef Py_ssize_t count = cnp.PyArray_SIZE(a), itemsize = self.itemsizes[d]
-        if count == 0 or count * itemsize > self.chunk_bytes or not _fits(a, o):
+        cdef Py_ssize_t count = cnp.PyArray_SIZE(a)
+        if count == 0 or count * self.itemsizes[d] > self.chunk_bytes or not _fits(a, o):
             return None
         # admitted to run here only when no other call is unfinished (one is now: this)
         PyThread_acquire_lock(self.order, WAIT_LOCK)
@@ -181,40 +183,49 @@ cdef class Front:
         PyThread_release_lock(self.order)
         if not admitted:
             return None
-        cdef Schedule vote = None, rail = None
-        cdef bint folded = False
-        cdef long long fields[5]
-        cdef int outcome
-        cdef int64_t g
         cdef bint held = False
         try:
             self.hold()
             held = True
-            g = self.node_call.chunks_done
-            if self.nnodes > 1:
-                schedules = self.rail_shapes.get(rail_shape_key(g % STAGES, count, d, k))
-                if schedules is None:
-                    return None
-                vote, rail, folded = schedules
-                vote.rewind()
-                if rail is not None:
-                    rail.rewind()
             if self.broken is not None:  # a call queued before ours failed
                 raise self.refusal()
-            fields[0], fields[1], fields[2], fields[3], fields[4] = ALLREDUCE, count, d, k, 0
-            try:
-                outcome = self.node_call.call(fields, <char*>cnp.PyArray_DATA(a), <char*>cnp.PyArray_DATA(o), count,
-                                              itemsize, self.kinds[d][k], self.kernel_codes[k], k == AVG, True,
-                                              vote, rail, False, folded)
-            except BaseException as error:  # Ctrl-C in a wait
-                raise self.engine._front_failed(x, op, out, error, g, vote, rail)
-            if outcome != DONE:
-                raise self.engine._front_failed(x, op, out, outcome, g, vote, rail)
+            self._run_held(x, op, out, count, d, k)
         finally:
             if held:
                 self.release()
             self.leave()
         return x if out is None else out
+
+    cdef _run_held(self, x, op, out, Py_ssize_t count, int d, int k):
+        """Run the admitted allreduce, whose thread holds the running lock, raising its failure: in C,
+        or across nodes where its call shape's rail schedules are not made yet, by the engine's Python
+        (which makes them)."""
+        cdef Schedule vote = None, rail = None
+        cdef bint folded = False
+        cdef long long fields[5]
+        cdef int outcome
+        cdef int64_t g = self.node_call.chunks_done
+        cdef cnp.ndarray a = x, o = x if out is None else out
+        if self.nnodes > 1:
+            schedules = self.rail_shapes.get(rail_shape_key(g % STAGES, count, d, k))
+            if schedules is None:
+                error = self.engine.run_held(self.engine.front_call(x, op, out))
+                if error is not None:
+                    raise error
+                return
+            vote, rail, folded = schedules
+            vote.rewind()
+            if rail is not None:
+                rail.rewind()
+        fields[0], fields[1], fields[2], fields[3], fields[4] = ALLREDUCE, count, d, k, 0
+        try:
+            outcome = self.node_call.call(fields, <char*>cnp.PyArray_DATA(a), <char*>cnp.PyArray_DATA(o), count,
+                                          self.itemsizes[d], self.kinds[d][k], self.kernel_codes[k], k == AVG, True,
+                                          vote, rail, False, folded)
+        except BaseException as error:  # Ctrl-C in a wait
+            raise self.engine.front_failed(x, op, out, error, g, vote, rail)
+        if outcome != DONE:
+            raise self.engine.front_failed(x, op, out, outcome, g, vote, rail)
 
     cdef int _dtype_code(self, cnp.ndarray a):
         """a's dtype's wire code, -1 where it is not one of DTYPES' own objects."""

@@ -156,6 +156,8 @@ class Communicator:
         with self._closing:
             if self.closed:
                 return
+            if self._engine is not None:
+                self._engine.front.close()  # the front's calls too are refused from here on
             comm, self._comm = self._comm, None
             if self._engine is not None:
                 if not self._engine.close():

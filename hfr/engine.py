@@ -221,17 +221,27 @@ class Engine:
         try:
             self.front.hold()
             try:
-                error = self.front.refusal()
-                if error is None:
-                    try:
-                        self._run(call)
-                    except BaseException as failure:
-                        error = self._failed(call, failure)
+                error = self.front.refusal() or self.run_held(call)
             finally:
                 self.front.release()
         finally:
             self.front.leave()
         return error
+
+    def run_held(self, call: Call) -> Optional[BaseException]:
+        """Run an admitted call whose thread holds the running lock; returns its failure (_failed)."""
+        try:
+            self._run(call)
+        except BaseException as failure:
+            return self._failed(call, failure)
+        return None
+
+    def front_call(self, x: Any, op: Any, out: Any) -> Call:
+        """The Call of an allreduce the front (hfr/_front.pyx) took, its arguments as the front checked them
+        (for a call it hands to run_held, or whose failure it hands to front_failed)."""
+        xa = inspect(x, "x", writable=False)
+        return Call("allreduce", xa, xa if out is None else inspect(out, "out", writable=False), as_op(op), 0, None,
+                    x if out is None else out)
 
     def _failed(self, call: Call, failure: BaseException) -> BaseException:
         """What a failed call raises: a mismatch as it is; any other failure leaves the peers' state
@@ -243,19 +253,17 @@ class Engine:
         self.front.broken = error = _as_hfr_error(failure, call, self.layout) if wrap else failure
         return error
 
-    def _front_failed(self, x: Any, op: Any, out: Any, ended: Any, g: int, vote, rail) -> BaseException:
-        """What an allreduce that the front ran in C (hfr/_front.pyx) raises where it did not end DONE:
-        ended is its outcome, or the exception that stopped it (Ctrl-C in a wait); as for the engine's own
-        calls (_run_one_chunk_in_c, then _execute)."""
-        xa = inspect(x, "x", writable=False)
-        call = Call("allreduce", xa, xa if out is None else inspect(out, "out"), as_op(op), 0, None, None)
+    def front_failed(self, x: Any, op: Any, out: Any, ended: Any, g: int, vote, rail) -> BaseException:
+        """What an allreduce that the front ran in C raises where it did not end DONE: ended is its outcome,
+        or the exception that stopped it (Ctrl-C in a wait); as for the engine's own calls
+        (_run_one_chunk_in_c, then _execute)."""
         try:
             if isinstance(ended, BaseException):
                 internode.abandon(vote, rail)
                 raise ended
-            self._one_chunk_failed(call, ended, g, vote, rail)  # raises
+            self._one_chunk_failed(self.front_call(x, op, out), ended, g, vote, rail)  # raises
         except BaseException as failure:
-            return self._failed(call, failure)
+            return self._failed(self.front_call(x, op, out), failure)
 
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""

@@ -2,7 +2,9 @@
 Python, on every rank of the job; each call's result is checked element by element against a float64
 reference (or its error and the caller's arrays against what the checks promise).
 
-argv[1]: local_size (or "none"). Spies count the calls that reach Engine.run (the Python path).
+argv[1]: local_size (or "none"). A spy counts the calls that the engine's Python runs (Engine.run_held,
+which every call not run in C reaches: those handed to Engine.run, and across nodes those whose rail
+schedules the engine has yet to make).
 """
 import sys
 import time
@@ -19,8 +21,8 @@ local_size = None if sys.argv[1] == "none" else int(sys.argv[1])
 comm = hfr.Communicator(world, local_size=local_size, chunk_bytes=4096)
 engine = comm._engine
 python_calls = []
-engine_run = engine.run
-engine.run = lambda call: (python_calls.append(call.collective), engine_run(call))[1]
+run_held = engine.run_held
+engine.run_held = lambda call: (python_calls.append(call.collective), run_held(call))[1]
 
 
 def values(n, dtype, seed):

@@ -12,7 +12,7 @@ foreign   a failure that is not hfr's (MemoryError in the kernel) reaches Work.w
           whose __cause__ is the original; the communicator then refuses calls. On one node it fails a
           whole call, which the others finish right (their next call times out).
 race      a call that passed its checks just before close() ran is refused (HFRError), never "done"
-          with the caller's own input.
+          with the caller's own input; so is a call made while close() runs.
 interrupt a signal handler that raises (Ctrl-C's KeyboardInterrupt) during a call waiting in C for a
           peer that never comes ends the call at once with that exception, not after the timeout.
 held      the same while a call admitted to run on its caller's thread waits for the running lock
@@ -128,6 +128,17 @@ elif scenario == "race":
     assert (x == 1).all()
     comm._check_open = checks
     expect(hfr.HFRError, "closed", lambda: comm.allreduce(x))
+    # A call made while close() runs (here: from within the engine's close, as if another thread's came then)
+    comm = hfr.Communicator(world, timeout=TIMEOUT)
+    engine_close, late = comm._engine.close, []
+
+    def close_after_a_late_call():
+        late.append(expect(hfr.HFRError, "closed", lambda: comm.allreduce(x)))
+        return engine_close()
+
+    comm._engine.close = close_after_a_late_call
+    comm.close()
+    assert late and (x == 1).all(), x
     done()
 elif scenario == "inflight":
     comm = hfr.Communicator(world, timeout=TIMEOUT)
