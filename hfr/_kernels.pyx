@@ -68,6 +68,18 @@ cdef extern from *:
         for (; i < n; i++)
             dst[i] = _cvtsh_ss(src[i]);
     }
+    /* acc += src widened (then / divisor where it is not 1: avg's last fold), rounded as a widening
+       followed by a float32 add (and divide) */
+    static void hfr_f16c_sum(float *acc, const uint16_t *src, Py_ssize_t n, float divisor) {
+        Py_ssize_t i = 0;
+        __m256 d = _mm256_set1_ps(divisor);
+        for (; i + 8 <= n; i += 8) {
+            __m256 s = _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+            _mm256_storeu_ps(acc + i, divisor == 1.0f ? s : _mm256_div_ps(s, d));
+        }
+        for (; i < n; i++)
+            acc[i] = divisor == 1.0f ? acc[i] + _cvtsh_ss(src[i]) : (acc[i] + _cvtsh_ss(src[i])) / divisor;
+    }
     static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {
         Py_ssize_t i = 0;
         for (; i + 8 <= n; i += 8)
@@ -78,11 +90,13 @@ cdef extern from *:
     #else
     #define hfr_f16c 0
     static void hfr_f16c_widen(float *dst, const uint16_t *src, Py_ssize_t n) {}
+    static void hfr_f16c_sum(float *acc, const uint16_t *src, Py_ssize_t n, float divisor) {}
     static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {}
     #endif
     """
     const bint hfr_f16c
     void hfr_f16c_widen(float* dst, const uint16_t* src, Py_ssize_t n) noexcept nogil
+    void hfr_f16c_sum(float* acc, const uint16_t* src, Py_ssize_t n, float divisor) noexcept nogil
     void hfr_f16c_narrow(uint16_t* dst, const float* src, Py_ssize_t n) noexcept nogil
 
 cdef extern from *:
@@ -323,17 +337,25 @@ cdef inline uint16_t _f32_to_fp16(float f) noexcept nogil:
     return <uint16_t>(mag | sign)
 
 
-cdef void _sum_bf16(float* acc, const bf16_t* x, Py_ssize_t m, Py_ssize_t divisor) noexcept nogil:
-    """acc[i] += x[i], widened as it is read (a shift: no pass through a scratch tile); with a divisor
-    other than 1 then divided by it (avg's last fold): the roundings of _widen, then _fold or _add_divide."""
+cdef void _sum_half(float* acc, const half_t* x, Py_ssize_t m, Py_ssize_t divisor) noexcept nogil:
+    """acc[i] += x[i], widened as it is read (no pass through a scratch tile); with a divisor other than
+    1 then divided by it (avg's last fold): the roundings of _widen, then _fold or _add_divide."""
     cdef float d = <float>divisor
     cdef Py_ssize_t i
-    if divisor == 1:
+    if half_t is fp16_t and hfr_f16c:
+        hfr_f16c_sum(acc, <const uint16_t*>x, m, d)
+    elif divisor == 1:
         for i in range(m):
-            acc[i] = acc[i] + _bf16_to_f32(x[i].bits)
+            acc[i] = acc[i] + _widened(x[i])
     else:
         for i in range(m):
-            acc[i] = (acc[i] + _bf16_to_f32(x[i].bits)) / d
+            acc[i] = (acc[i] + _widened(x[i])) / d
+
+
+cdef inline float _widened(half_t h) noexcept nogil:
+    if half_t is bf16_t:
+        return _bf16_to_f32(h.bits)
+    return _fp16_to_f32(h.bits)
 
 
 cdef void _widen(float* dst, const half_t* src, Py_ssize_t m) noexcept nogil:
@@ -342,10 +364,7 @@ cdef void _widen(float* dst, const half_t* src, Py_ssize_t m) noexcept nogil:
         hfr_f16c_widen(dst, <const uint16_t*>src, m)
         return
     for i in range(m):
-        if half_t is bf16_t:
-            dst[i] = _bf16_to_f32(src[i].bits)
-        else:
-            dst[i] = _fp16_to_f32(src[i].bits)
+        dst[i] = _widened(src[i])
 
 
 cdef void _narrow(half_t* dst, const float* src, Py_ssize_t m) noexcept nogil:
@@ -394,8 +413,8 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
         if any_t is bf16_t or any_t is fp16_t:
             _widen(acc, xs[0] + start, m)
             for j in range(1, k):
-                if any_t is bf16_t and op == SUM:
-                    _sum_bf16(acc, xs[j] + start, m, divisor if j == k - 1 else 1)
+                if op == SUM:
+                    _sum_half(acc, xs[j] + start, m, divisor if j == k - 1 else 1)
                     continue
                 _widen(tmp, xs[j] + start, m)
                 if j == k - 1 and divisor != 1:
