@@ -202,7 +202,7 @@ cdef class Front:
         (which makes them)."""
         cdef Schedule vote = None, rail = None
         cdef bint folded = False
-        cdef long long fields[5]
+        cdef long long fields[5]  # the descriptor (DESCRIPTOR_FIELDS): collective, count, dtype, op, root
         cdef int outcome
         cdef int64_t g = self.node_call.chunks_done
         cdef cnp.ndarray a = x, o = x if out is None else out

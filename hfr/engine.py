@@ -221,7 +221,9 @@ class Engine:
         try:
             self.front.hold()
             try:
-                error = self.front.refusal() or self.run_held(call)
+                error = self.front.refusal()
+                if error is None:
+                    error = self.run_held(call)
             finally:
                 self.front.release()
         finally:
