@@ -170,7 +170,7 @@ cdef class Front:
         cdef cnp.ndarray a = <cnp.ndarray>x
         cdef cnp.ndarray o = a if out is None else <cnp.ndarray>out
         cdef int d = self._dtype_code(a), k = self._op_code(op)
-        if d < 0 or k < 0 or k == AVG and not self.floating[d]:
+        if d < 0 or k < 0 or k == AVG and not self.floating[d] or o is not a and self._dtype_code(o) != d:
             return None
         cdef Py_ssize_t count = cnp.PyArray_SIZE(a)
         if count == 0 or count * self.itemsizes[d] > self.chunk_bytes or not _fits(a, o):
@@ -227,12 +227,15 @@ cdef class Front:
         if outcome != DONE:
             raise self.engine.front_failed(x, op, out, outcome, g, vote, rail)
 
-    cdef int _dtype_code(self, cnp.ndarray a):
-        """a's dtype's wire code, -1 where it is not one of DTYPES' own objects."""
+    cdef int _dtype_code(self, cnp.ndarray a) except -2:
+        """a's dtype's wire code, -1 where it is none of DTYPES (as the engine's checks compare dtypes)."""
         cdef object descr = <object>cnp.PyArray_DESCR(a)
         cdef int d
         for d in range(self.ndtypes):
-            if descr is self.dtypes[d]:
+            if descr is self.dtypes[d]:  # the common case: NumPy's own dtype objects
+                return d
+        for d in range(self.ndtypes):
+            if descr == self.dtypes[d]:  # an equal one made elsewhere (an unpickled array's)
                 return d
         return -1
 
@@ -250,14 +253,14 @@ cdef class Front:
 
 
 cdef bint _fits(cnp.ndarray x, cnp.ndarray out):
-    """x and out, as allreduce's checks would pass them: C-contiguous, the same dtype object and shape,
-    out writable and either x's memory or apart from it."""
+    """x and out (of x's dtype), as allreduce's checks would pass them: C-contiguous, the same shape, out
+    writable and either x's memory or apart from it."""
     cdef int flags = cnp.NPY_ARRAY_C_CONTIGUOUS
     if not cnp.PyArray_CHKFLAGS(x, flags) or not cnp.PyArray_CHKFLAGS(out, flags | cnp.NPY_ARRAY_WRITEABLE):
         return False
     if out is x:
         return True
-    if cnp.PyArray_DESCR(out) is not cnp.PyArray_DESCR(x) or cnp.PyArray_NDIM(out) != cnp.PyArray_NDIM(x):
+    if cnp.PyArray_NDIM(out) != cnp.PyArray_NDIM(x):
         return False
     if memcmp(cnp.PyArray_DIMS(out), cnp.PyArray_DIMS(x), cnp.PyArray_NDIM(x) * sizeof(cnp.npy_intp)):
         return False

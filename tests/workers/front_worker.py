@@ -6,6 +6,7 @@ argv[1]: local_size (or "none"). A spy counts the calls that the engine's Python
 which every call not run in C reaches: those handed to Engine.run, and across nodes those whose rail
 schedules the engine has yet to make).
 """
+import pickle
 import sys
 import time
 
@@ -81,6 +82,7 @@ for dtype in (np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint8, np
         assert np.array_equal(x, values(n, dtype, seed)), "out of place changed x"
 
 # Handed to the engine: spellings the front does not know, and arrays it does not take; right all the same.
+# Taken in C though: an array of another shape, and an unpickled array (its dtype an equal, other object).
 n = 37
 for _ in range(3):  # across nodes the engine keeps 64 shapes' schedules: those above are gone by now
     seed += 1
@@ -88,12 +90,14 @@ for _ in range(3):  # across nodes the engine keeps 64 shapes' schedules: those 
 for what, make in [
     ("op SUM", lambda x: comm.allreduce(x, "SUM")),
     ("MPI.SUM", lambda x: comm.allreduce(x, MPI.SUM)),
-    ("a 2-D array of one chunk", lambda x: comm.allreduce(x.reshape(1, n)).reshape(n)),
     ("a subclass", lambda x: comm.allreduce(x.view(np.memmap)).view(np.ndarray)),
+    ("in C: a 2-D array", lambda x: comm.allreduce(x.reshape(1, n)).reshape(n)),
+    ("in C: an unpickled array", lambda x: comm.allreduce(pickle.loads(pickle.dumps(x)))),
+    ("in C: into an unpickled out", lambda x: comm.allreduce(x, out=pickle.loads(pickle.dumps(np.zeros_like(x))))),
 ]:
     seed += 1
     check(lambda: make(values(n, np.float32, seed)), n, np.float32, "sum", seed,
-          by_python=what != "a 2-D array of one chunk", what=what)
+          by_python=not what.startswith("in C"), what=what)
 seed += 1
 big = 4096 // 4 + 1  # past one chunk
 check(lambda: comm.allreduce(values(big, np.float32, seed)), big, np.float32, "sum", seed, by_python=True,
@@ -119,6 +123,7 @@ ro = values(n, np.float32, seed)
 ro.flags.writeable = False
 refused(ValueError, "read-only", lambda: comm.allreduce(ro), (ro, values(n, np.float32, seed)))
 refused(TypeError, "op 'avg' needs a float dtype", lambda: comm.allreduce(values(n, np.int32, seed), "avg"))
+refused(TypeError, "unsupported dtype", lambda: comm.allreduce(values(n, np.float32, seed).astype(">f4")))
 refused(ValueError, "not C-contiguous", lambda: comm.allreduce(np.ones((n, 2), np.float32)[:, 0]))
 refused(ValueError, "unknown op 'mean'", lambda: comm.allreduce(x, "mean"), (x, values(n, np.float32, seed)))
 refused(TypeError, "out has dtype float64", lambda: comm.allreduce(x, out=np.zeros(n)), (x, values(n, np.float32, seed)))
