@@ -355,7 +355,8 @@ cdef void _sum_half(float* acc, const half_t* x, Py_ssize_t m, Py_ssize_t diviso
 cdef inline float _widened(half_t h) noexcept nogil:
     if half_t is bf16_t:
         return _bf16_to_f32(h.bits)
-    return _fp16_to_f32(h.bits)
+    else:
+        return _fp16_to_f32(h.bits)
 
 
 cdef void _widen(float* dst, const half_t* src, Py_ssize_t m) noexcept nogil:
