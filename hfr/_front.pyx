@@ -36,7 +36,7 @@ cdef extern from "pythread.h":
 
 from hfr._node_call import Outcome, Protocol
 from hfr.errors import HFRError
-from hfr.ops import DTYPES, Op, is_float
+from hfr.ops import DTYPE_CODES, DTYPES, Op, is_float
 
 cnp.import_array()
 
@@ -69,6 +69,7 @@ cdef class Front:
     cdef object engine  # names failures
     cdef dict rail_shapes
     cdef tuple dtypes, ops, op_names
+    cdef dict dtype_codes  # hfr.ops.DTYPE_CODES
     cdef int ndtypes
     cdef Py_ssize_t itemsizes[MAX_DTYPES]
     cdef bint floating[MAX_DTYPES]
@@ -85,7 +86,7 @@ cdef class Front:
                  bint in_c):
         self.node_call, self.engine, self.rank, self.nnodes = node_call, engine, rank, nnodes
         self.chunk_bytes, self.rail_shapes, self.in_c = chunk_bytes, rail_shapes, in_c
-        self.dtypes, self.ops = tuple(DTYPES), tuple(Op)
+        self.dtypes, self.dtype_codes, self.ops = tuple(DTYPES), DTYPE_CODES, tuple(Op)
         self.op_names = tuple(op.value for op in Op)
         self.ndtypes = len(self.dtypes)
         assert self.ndtypes <= MAX_DTYPES and len(self.ops) == OPS and self.ops[AVG] is Op.AVG
@@ -234,10 +235,9 @@ cdef class Front:
         for d in range(self.ndtypes):
             if descr is self.dtypes[d]:  # the common case: NumPy's own dtype objects
                 return d
-        for d in range(self.ndtypes):
-            if descr == self.dtypes[d]:  # an equal one made elsewhere (an unpickled array's)
-                return d
-        return -1
+        # an equal one made elsewhere (an unpickled array's), looked up as the engine's checks do (== alone
+        # also matches structured dtypes, which they refuse)
+        return self.dtype_codes.get(descr, -1)
 
     cdef int _op_code(self, object op):
         """op's wire code: an hfr.Op or its name as Op spells it; -1 for any other spelling."""

@@ -124,6 +124,8 @@ ro.flags.writeable = False
 refused(ValueError, "read-only", lambda: comm.allreduce(ro), (ro, values(n, np.float32, seed)))
 refused(TypeError, "op 'avg' needs a float dtype", lambda: comm.allreduce(values(n, np.int32, seed), "avg"))
 refused(TypeError, "unsupported dtype", lambda: comm.allreduce(values(n, np.float32, seed).astype(">f4")))
+refused(TypeError, "unsupported dtype",  # equal to float32 by ==, not by the checks' lookup
+        lambda: comm.allreduce(values(n, np.float32, seed).view(np.dtype(("f4", [("a", "f4")])))))
 refused(ValueError, "not C-contiguous", lambda: comm.allreduce(np.ones((n, 2), np.float32)[:, 0]))
 refused(ValueError, "unknown op 'mean'", lambda: comm.allreduce(x, "mean"), (x, values(n, np.float32, seed)))
 refused(TypeError, "out has dtype float64", lambda: comm.allreduce(x, out=np.zeros(n)), (x, values(n, np.float32, seed)))
