@@ -108,15 +108,22 @@ cdef class Front:
     def admit(self, bint inline) -> bool:
         """Count a new call in (HFRError once closed or failed); True if it may run on the calling thread:
         inline asked, and no other call is unfinished."""
-        PyThread_acquire_lock(self.order, WAIT_LOCK)
-        refused = HFRError("the communicator is closed") if self.closed else self.refusal()
-        if refused is None:
-            inline = inline and self.unfinished == 0
-            self.unfinished += 1
-        PyThread_release_lock(self.order)
+        refused = self._count_in(&inline, False)
         if refused is not None:
             raise refused
         return inline
+
+    cdef object _count_in(self, bint* inline, bint inline_only):
+        """Count a call in, under the order lock: returns the HFRError that refuses it (closed or failed),
+        else None; *inline becomes whether it may run on the calling thread (asked, and no other call
+        unfinished). With inline_only a call that may not run there is not counted in either."""
+        PyThread_acquire_lock(self.order, WAIT_LOCK)
+        refused = HFRError("the communicator is closed") if self.closed else self.refusal()
+        inline[0] = inline[0] and refused is None and self.unfinished == 0
+        if refused is None and (inline[0] or not inline_only):
+            self.unfinished += 1
+        PyThread_release_lock(self.order)
+        return refused
 
     def leave(self) -> None:
         """Count a call out: finished, or never run."""
@@ -143,7 +150,7 @@ cdef class Front:
                 if PyErr_CheckSignals():
                     raise_pending()
 
-    def refusal(self):
+    cpdef object refusal(self):
         """The HFRError a call gets once an earlier call failed (broken), else None."""
         if self.broken is None:
             return None
@@ -176,13 +183,8 @@ cdef class Front:
         cdef Py_ssize_t count = cnp.PyArray_SIZE(a)
         if count == 0 or count * self.itemsizes[d] > self.chunk_bytes or not _fits(a, o):
             return None
-        # admitted to run here only when no other call is unfinished (one is now: this)
-        PyThread_acquire_lock(self.order, WAIT_LOCK)
-        cdef bint admitted = not self.closed and self.broken is None and self.unfinished == 0
-        if admitted:
-            self.unfinished = 1
-        PyThread_release_lock(self.order)
-        if not admitted:
+        cdef bint inline = True  # admitted to run here only when no other call is unfinished
+        if self._count_in(&inline, True) is not None or not inline:
             return None
         cdef bint held = False
         try:
