@@ -259,13 +259,14 @@ class Engine:
         """What an allreduce that the front ran in C raises where it did not end DONE: ended is its outcome,
         or the exception that stopped it (Ctrl-C in a wait); as for the engine's own calls
         (_run_one_chunk_in_c, then _execute)."""
+        call = self.front_call(x, op, out)
         try:
             if isinstance(ended, BaseException):
                 internode.abandon(vote, rail)
                 raise ended
-            self._one_chunk_failed(self.front_call(x, op, out), ended, g, vote, rail)  # raises
+            self._one_chunk_failed(call, ended, g, vote, rail)  # raises
         except BaseException as failure:
-            return self._failed(self.front_call(x, op, out), failure)
+            return self._failed(call, failure)
 
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
