@@ -355,7 +355,7 @@ cdef inline uint16_t _f32_to_fp16(float f) noexcept nogil:
 
 cdef void _sum_half(float* acc, const half_t* x, Py_ssize_t m, Py_ssize_t divisor) noexcept nogil:
     """acc[i] += x[i], widened as it is read (no pass through a scratch tile); with a divisor other than
-    1 then divided by it (avg's last fold): the roundings of _widen, then _fold or _add_divide."""
+    1 then divided by it (avg's last fold): the roundings of a widening, then _fold or _add_divide."""
     cdef float d = <float>divisor
     cdef Py_ssize_t i
     if half_t is fp16_t and hfr_f16c:
@@ -430,13 +430,10 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
         if any_t is bf16_t or any_t is fp16_t:
             _widen(acc, xs[0] + start, m)
             for j in range(1, k):
-                if op == SUM:
+                if op == SUM:  # avg too: a divisor other than 1 comes only with SUM
                     _sum_half(acc, xs[j] + start, m, divisor if j == k - 1 else 1)
-                    continue
-                _widen(tmp, xs[j] + start, m)
-                if j == k - 1 and divisor != 1:
-                    _add_divide(acc, tmp, m, divisor)
                 else:
+                    _widen(tmp, xs[j] + start, m)
                     _fold(acc, tmp, m, op)
             if k == 1 and divisor != 1:
                 _divide(acc, m, divisor)
