@@ -7,8 +7,8 @@
 Rank 0 prints the median over rounds of the mean time of one call (us), float32 sum in place:
   hfr       comm.allreduce(x): a call of one chunk, which runs in C (hfr/_front.pyx, hfr/_node_call.pyx)
   c         the node's protocol alone (NodeCall.run, which the front calls; across nodes with the call
-            shape's rail schedules, fetched and rewound in Python): hfr - c is the cost of the checks,
-            admission and counting around it
+            shape's rail schedules, made once by the engine and rewound in Python): hfr - c is the cost
+            of the checks, admission and counting around it
   vote      across nodes only: the call check's vote alone, no data in its record (internode.vote)
   doubling  across nodes only: the data's doubling alone (internode.allreduce(..., algo="doubling"))
   mpi       MPI_Allreduce of x over all ranks
@@ -30,7 +30,6 @@ from mpi4py import MPI
 import _tree  # noqa: F401  (this checkout's hfr first: A/B runs of two trees)
 import hfr
 from hfr import internode
-from hfr._front import rail_shape_key
 from hfr.engine import STAGES
 from hfr.ops import Op, dtype_code, op_code
 from hfr.settings import parse_bytes
@@ -65,9 +64,6 @@ def main() -> None:
         parts["doubling"] = lambda: internode.allreduce(rail, x, 0, Op.SUM, algo="doubling")
     parts["mpi"] = lambda: world.Allreduce(MPI.IN_PLACE, host)
     times: dict[str, list] = {name: [] for name in parts}
-    comm.allreduce(host)  # across nodes: the engine makes the rail schedules of this call shape, one per stage,
-    comm.allreduce(host)  # which the front and _node_protocol reuse
-    comm.allreduce(host)
     for _ in range(args.rounds):
         for name, call in parts.items():
             times[name].append(_seconds_per_call(call, args.calls, world))
@@ -81,20 +77,21 @@ def main() -> None:
 def _node_protocol(engine, x: np.ndarray) -> Callable[[], object]:
     """NodeCall.run of an allreduce of x in place, as the front runs it."""
     node_call, address, code = engine._node_call, x.ctypes.data, dtype_code(x.dtype)
-    no_schedules = (None, None, False)
+    call = engine.front_call(x, Op.SUM, None)
+    # across nodes the call shape's schedules of each stage (the engine's), rewound before each call
+    schedules = [engine._rail_schedules(call, stage) if engine.layout.nnodes > 1 else (None, None, False)
+                 for stage in range(STAGES)]
 
-    def call() -> None:
-        vote, rail, folded = no_schedules
-        if engine.layout.nnodes > 1:
-            vote, rail, folded = engine._rail_shapes[rail_shape_key(node_call.chunks_done % STAGES, x.size, code, 0)]
-            vote.rewind()
-            if rail is not None:
-                rail.rewind()
+    def run() -> None:
+        vote, rail, folded = schedules[node_call.chunks_done % STAGES]
+        for schedule in (vote, rail):
+            if schedule is not None:
+                schedule.rewind()
         if node_call.run(0, address, x.size, address, x.size, x.dtype, code, Op.SUM, op_code(Op.SUM), 0, True, vote,
                          rail, False, folded):
             raise RuntimeError("the node's protocol did not end DONE")
 
-    return call
+    return run
 
 
 def _on_gpu(host: np.ndarray, world: MPI.Comm):
