@@ -1,5 +1,5 @@
 """Builds hfr._kernels (-O3, SIMD for this CPU, its own pthread pool), hfr._internode, hfr._spin,
-hfr._node_call and hfr._front."""
+hfr._cuda, hfr._node_call and hfr._front."""
 import os
 
 import numpy
@@ -26,17 +26,21 @@ internode = Extension("hfr._internode", ["hfr/_internode.pyx"], include_dirs=[nu
 # Waits on the node's counters with the GIL released (hfr/engine.py falls back to Python polling).
 spin = Extension("hfr._spin", ["hfr/_spin.pyx"], extra_compile_args=["-O2"])
 
-# A call that fits in one chunk, in C: host arrays, CUDA arrays staged by the engine, across nodes polling
-# hfr._internode's schedules (hfr/engine.py runs the others).
+# A CUDA array's copies to and from page-locked memory in C; the CUDA driver's functions are looked up at run
+# time, so no CUDA is needed here.
+cuda = Extension("hfr._cuda", ["hfr/_cuda.pyx"], extra_compile_args=["-O2"])
+
+# A call that fits in one chunk, in C: host arrays, CUDA arrays staged through hfr._cuda, across nodes
+# polling hfr._internode's schedules (hfr/engine.py runs the others).
 node_call = Extension("hfr._node_call", ["hfr/_node_call.pyx"], extra_compile_args=["-O2"])
 
-# The calling thread's side of the engine: admission, and a blocking host allreduce of one chunk, in C.
+# The calling thread's side of the engine: admission, and a blocking allreduce of one chunk, in C.
 front = Extension("hfr._front", ["hfr/_front.pyx"], include_dirs=[numpy.get_include()], extra_compile_args=["-O2"],
                   define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
 
 setup(
     ext_modules=cythonize(
-        [kernels, internode, spin, node_call, front],
+        [kernels, internode, spin, cuda, node_call, front],
         compiler_directives={
             "language_level": "3",
             "boundscheck": False,
