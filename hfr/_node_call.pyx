@@ -24,13 +24,19 @@ ranks, agreeing on the call, take the reduce's first steps before the vote (ARRI
 record) and copy the slice into the result slot after it. If the vote finds that nodes differ, every
 rank of the node has arrived: each ends the chunk (REDUCED, CONSUMED) with no result, so the next call
 finds the node's counters agreeing (MISMATCH_SPENT: the engine counts the chunk as done).
+A CUDA array's call (allreduce, reduce, reduce_scatter: those that reduce) is *staged* around these
+steps (call_staged): x is copied whole into our input slot (after the announce, so that a peer waits for
+our data, not for our call) and out's part of the result back to the device, each copy finished before
+the next step (hfr/_cuda.pyx). A whole call stages its result in a small page-locked buffer of this
+rank's (its reduce reads the input slots as the host's does), the others from the result slot.
 Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx) and turns
-the outcome into the call's result or error. A CUDA array is staged in our input slot by the engine,
-which copies the result out itself. The Python loop runs every other call (several chunks, and across
-nodes broadcast, allgather and the algorithms other than doubling and halving).
+the outcome into the call's result or error. The Python loop runs every other call (several chunks,
+and across nodes broadcast, allgather and the algorithms other than doubling and halving).
 """
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
+
+from hfr._cuda cimport Device
 
 from hfr._internode cimport INTERRUPTED as RAIL_INTERRUPTED
 from hfr._internode cimport VOTE_WORDS
@@ -40,6 +46,7 @@ from hfr._kernels cimport Kind, copy_nogil, kernel_kind, op_code, reduce_nogil
 from hfr._spin cimport counters_reached
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_now, raise_pending, signal_raised
 
+from hfr._cuda import error_text
 from hfr.ops import Op
 
 cdef extern from *:
@@ -56,7 +63,7 @@ cdef extern from *:
 cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the engine names it), a _STOPPED
     # one a schedule on the rail that did not finish (the schedule says why)
     DONE, MISMATCH, NO_MEMORY, WAIT_CALL, WAIT_RESULT_SLOT, WAIT_ARRIVED, WAIT_PREVIOUS_RESULT, WAIT_REDUCED
-    VOTE_STOPPED, RAIL_STOPPED, MISMATCH_SPENT
+    VOTE_STOPPED, RAIL_STOPPED, MISMATCH_SPENT, CUDA_FAILED  # CUDA_FAILED: a staged call's copy (cuda_failure)
 cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
     WAITED = -2  # a wait that reached its target
@@ -176,7 +183,8 @@ cdef class NodeCall:
 
     def run(self, int collective, size_t x, Py_ssize_t x_count, size_t out, Py_ssize_t out_count, object dtype,
             int dtype_code, object op, int op_code_on_wire, int root, bint copy_out=True, Schedule vote=None,
-            Schedule rail=None, bint announced=False, bint folded=False) -> int:
+            Schedule rail=None, bint announced=False, bint folded=False, *, Device cuda=None, uintptr_t to_host=0,
+            uintptr_t to_device=0, size_t staging=0) -> int:
         """Run the call on chunk g = chunks_done; returns its outcome. x and out are host addresses of
         x_count and out_count elements of dtype (x may be our own input slot of the stage, where a caller
         copied it); op is an hfr.Op, avg dividing the sum by the ranks. Its descriptor is (collective,
@@ -186,11 +194,18 @@ cdef class NodeCall:
         the allreduce of our slice of the result slot (None where the slice is empty); folded: the vote's
         record carries our slice (its data: the slice's elements, none where it is empty) and rail is
         None. announced: the caller has written the descriptor and ANNOUNCED already (before its own copy
-        into the slot)."""
+        into the slot).
+        With cuda, x and out are on that device and the call is staged (call_staged; copy_out and announced
+        do not apply): the copies run on streams to_host and to_device, staging is this rank's page-locked
+        buffer of WHOLE_UP_TO_BYTES."""
         cdef bint avg = op is Op.AVG
         cdef int code = op_code(Op.SUM if avg else op)
         cdef long long fields[DESCRIPTOR_FIELDS]
         fields[0], fields[1], fields[2], fields[3], fields[4] = collective, x_count, dtype_code, op_code_on_wire, root
+        if cuda is not None:
+            return self.call_staged(fields, <const char*>x, <char*>out, out_count, dtype.itemsize,
+                                    kernel_kind(dtype, code), code, avg, cuda, to_host, to_device, <char*>staging, vote,
+                                    rail, folded)
         return self.call(fields, <char*>x, <char*>out, out_count, dtype.itemsize, kernel_kind(dtype, code), code, avg,
                          copy_out, vote, rail, announced, folded)
 
@@ -229,6 +244,44 @@ cdef class NodeCall:
         if outcome == DONE or outcome == MISMATCH_SPENT:
             self.chunks_done = g + 1
         return outcome
+
+    cdef int call_staged(self, long long* fields, const char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize,
+                         Kind kind, int code, bint avg, Device cuda, uintptr_t to_host, uintptr_t to_device,
+                         char* staging, Schedule vote, Schedule rail, bint folded) except -1:
+        """call() of a CUDA array x (allreduce, reduce or reduce_scatter; x and out device addresses), staged
+        (the module's docstring): announce, x into our input slot on stream to_host, the call, out's part
+        of the result to out on stream to_device, CONSUMED. A whole call (one node, small: as _run
+        decides) reduces all of out's part into staging, this rank's page-locked buffer of
+        WHOLE_UP_TO_BYTES, without waiting for the others' slices. CUDA_FAILED where a copy failed
+        (cuda_failure says how), else call()'s outcome."""
+        cdef int64_t g = self.chunks_done
+        cdef char* stage = self.stages + (g % STAGES) * self.stage_bytes
+        cdef char* slot = stage + self.node.local_rank * self.slot_bytes
+        cdef Py_ssize_t x_nbytes = fields[1] * itemsize, out_nbytes = out_count * itemsize
+        cdef Py_ssize_t out_at = self.rank * out_nbytes if fields[0] == REDUCE_SCATTER else 0
+        cdef bint whole = vote is None and x_nbytes <= WHOLE_UP_TO_BYTES
+        cdef bint copies_out = fields[0] != REDUCE or self.rank == fields[4]
+        cdef int error
+        _announce(&self.node, _descriptor_column(self.calls_done), fields, self.calls_done)
+        with nogil:
+            error = cuda.copy(slot, x, x_nbytes, True, to_host)
+        if error:
+            self.cuda_failure = f"copying x to the host: {error_text(error)}"
+            return CUDA_FAILED
+        cdef int outcome = self.call(fields, slot, staging if whole else NULL, out_count, itemsize, kind, code, avg,
+                                     whole, vote, rail, True, folded)  # copy_out, vote, rail, announced, folded
+        if outcome != DONE:
+            return outcome
+        if copies_out:
+            with nogil:
+                error = cuda.copy(out, staging if whole else stage + self.node.local_size * self.slot_bytes + out_at,
+                                  out_nbytes, False, to_device)
+            if error:
+                self.cuda_failure = f"copying the result to the device: {error_text(error)}"
+                return CUDA_FAILED
+        if not whole:
+            _publish(&self.node, CONSUMED, g + 1)
+        return DONE
 
 
 cdef inline Py_ssize_t _descriptor_column(int64_t calls_done) noexcept nogil:

@@ -64,16 +64,23 @@ class HostCopies:
 
 class CudaCopies:
     """CuPy arrays on one device: asynchronous copies through a page-locked segment. Used with that
-    device current (the engine makes it so), so that every event is made on the streams' device."""
+    device current (the engine makes it so), so that every event is made on the streams' device.
+    A call of one chunk is staged in C instead (hfr/_node_call.pyx): through `driver` (hfr/_cuda.pyx) on
+    the streams that streams() names, with `staging`, page-locked, for a small call's result."""
 
-    def __init__(self, device: int):
+    def __init__(self, device: int, staging_bytes: int):
         import cupy
+        import cupyx
+
+        from ._cuda import Device
 
         self._cupy = cupy
         self.device = device
+        self.driver = Device(device)
         with cupy.cuda.Device(device):
             self.to_host = cupy.cuda.Stream(non_blocking=True)
             self.to_device = cupy.cuda.Stream(non_blocking=True)
+            self.staging = cupyx.empty_pinned(staging_bytes, np.uint8)
 
     def begin(self, ready: Optional[Any], caller: Any) -> None:
         """Order the copies that follow after the event recorded on the caller's stream when the call was
@@ -83,15 +90,14 @@ class CudaCopies:
         self.to_host.wait_event(ready)
         self.to_device.wait_event(ready)
 
-    def stage(self, dst: int, src: int, nbytes: int, to_host: bool, caller: Optional[Any]) -> None:
-        """Copy nbytes between device and host, finished when it returns: on the caller's stream where
-        given (a call run on the caller's thread: in that stream's order, without an event), else on ours
-        (after begin())."""
-        stream = caller if caller is not None else self.to_host if to_host else self.to_device
-        runtime = self._cupy.cuda.runtime
-        runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice,
-                            stream.ptr)
-        stream.synchronize()
+    def streams(self, ready: Optional[Any], caller: Any) -> tuple[int, int]:
+        """The streams (handles) that a call staged in C copies in and out on: the caller's stream for a
+        call run on its thread (ready None: in that stream's order, without an event), else ours after
+        begin(ready)."""
+        if ready is None:
+            return caller.ptr, caller.ptr
+        self.begin(ready, caller)
+        return self.to_host.ptr, self.to_device.ptr
 
     def wait(self, token: Any) -> None:
         """Block until the copy of token has finished (the GIL is released meanwhile)."""

@@ -28,8 +28,9 @@ not two. Its ranks, agreeing within the node, publish ARRIVED and reduce their s
 before the vote; if the vote finds that nodes differ, each ends the chunk with no result (REDUCED,
 CONSUMED) before raising, so the node's counters agree for the next call.
 The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock
-for the call that runs, and runs a blocking allreduce of a host array of one chunk itself, with the
-protocol in C (hfr/_node_call.pyx), which keeps the sequence numbers of every call.
+for the call that runs, and runs a blocking allreduce of one chunk itself (a host array, or a CuPy
+array on this engine's device once _copies has met one), with the protocol in C (hfr/_node_call.pyx),
+which keeps the sequence numbers of every call.
 """
 from __future__ import annotations
 
@@ -441,37 +442,27 @@ class Engine:
 
     def _run_one_chunk_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
         """The steps of _run_chunks for its one chunk g, with the GIL released throughout (across nodes
-        with the rail's vote and allreduce polled in C too). With copies (a CUDA array) x is copied whole
-        into our input slot first and our part of the result out after, each one copy, finished before the
-        next step: on the caller's stream for a call run on its thread, else on ours after the caller's
-        ready event."""
+        with the rail's vote and allreduce polled in C too). With copies (a CUDA array) the call is staged
+        in C (hfr/_node_call.pyx): x copied whole into our input slot first and our part of the result out
+        after, on the caller's stream for a call run on its thread, else on ours after the caller's ready
+        event."""
         x, out, g = call.x, call.out, self._node_call.chunks_done
         code = _COLLECTIVE_CODES[call.collective]
-        x_address = x.address
-        if copies is not None:  # announced first: a peer then waits for our data, not for our call
-            self._announce(call)
-            stage, caller = g % STAGES, x.stream if call.ready is None else None
-            if caller is None:
-                copies.begin(call.ready, x.stream)
-            x_address = self.segment.slot_address(stage, self.layout.local_rank)
-            copies.stage(x_address, x.address, x.nbytes, True, caller)
+        cuda, to_host, to_device, staging = None, 0, 0, 0
+        if copies is not None:
+            cuda, staging = copies.driver, copies.staging.ctypes.data
+            to_host, to_device = copies.streams(call.ready, x.stream)
         vote, rail, folded = self._rail_schedules(call, g % STAGES) if self.layout.nnodes > 1 else (None, None, False)
         try:
             outcome = self._node_call.run(
-                code, x_address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype), call.op,
-                -1 if code in _NO_OP else op_code(call.op), call.root, copies is None, vote, rail, copies is not None,
-                folded)  # copy_out, vote, rail, announced, folded
+                code, x.address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype), call.op,
+                -1 if code in _NO_OP else op_code(call.op), call.root, True, vote, rail, False, folded,  # copy_out,
+                cuda=cuda, to_host=to_host, to_device=to_device, staging=staging)  # vote, rail, announced, folded
         except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
             internode.abandon(vote, rail)
             raise
         if outcome != _node_call.Outcome.DONE:
             self._one_chunk_failed(call, outcome, g, vote, rail)
-        if copies is not None:
-            if call.collective != "reduce" or self.layout.rank == call.root:
-                _, out_at = call.places(self.layout.rank)
-                result = self.segment.slot_address(stage, self.layout.local_size) + out_at * x.dtype.itemsize
-                copies.stage(out.address, result, out.nbytes, False, caller)
-            self._publish(CONSUMED, g + 1)
 
     def _folded(self, call: Call) -> bool:
         """Whether the call's one chunk goes over the rail with the call check's vote (folded, the terms
@@ -534,6 +525,8 @@ class Engine:
             self._raise_mismatch(call.descriptor())
         if outcome == Outcome.NO_MEMORY:
             raise MemoryError("no memory for the kernel's scratch tiles")
+        if outcome == Outcome.CUDA_FAILED:
+            raise RuntimeError(self._node_call.cuda_failure)
         where = f"{call.collective} chunk 1/1"
         column, target, what = {
             Outcome.WAIT_RESULT_SLOT: (CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out"),
@@ -558,7 +551,8 @@ class Engine:
             return self._host
         if self._cuda is None:
             self.segment.register_for_cuda(x.device)
-            self._cuda = CudaCopies(x.device)
+            self._cuda = CudaCopies(x.device, WHOLE_UP_TO_BYTES)
+            self.front.take_cuda(self._cuda)
         return self._cuda
 
     def _algo_for(self, call: Call) -> str:
