@@ -7,12 +7,13 @@ communicator is closed or has failed (broken), and may run on its caller's threa
 unfinished; otherwise the progress thread runs it. One call runs at a time, on whichever thread (the
 running lock).
 
-allreduce() takes the blocking allreduce of a NumPy array that fits in one chunk, the call that small
+allreduce() takes the blocking allreduce of an array that fits in one chunk, the call that small
 messages make, where Python around the C protocol (hfr/_node_call.pyx) cost more than the protocol
-(bench/RESULTS.md): checked, admitted, run and counted out here. It returns None, before admitting it,
-for anything else, and the engine's Python takes that call, raising what it raises: another array or
-argument, one that the checks would refuse, a call not to be run on this thread (another is
-unfinished). Across nodes a call shape whose rail schedules the engine has not made yet (it keeps them,
+(bench/RESULTS.md): checked, admitted, run and counted out here. A NumPy array, and once the engine has
+met a CuPy array (take_cuda) a CuPy array on that device, staged in C on the caller's current stream of
+the device. It returns None, before admitting it, for anything else, and the engine's Python takes that
+call, raising what it raises: another array or argument, one that the checks would refuse, a call not to
+be run on this thread (another is unfinished). Across nodes a call shape whose rail schedules the engine has not made yet (it keeps them,
 by rail_shape_key, in the dict shared with this) is admitted here and run by the engine's Python
 (Engine.run_held), so that no call admitted after it runs first. A failed call is handed back to the
 engine, which names the failure as for its own calls.
@@ -20,11 +21,12 @@ engine, which names the failure as for its own calls.
 from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
                                PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock,
                                PyThread_type_lock)
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memcmp
 
 cimport numpy as cnp
 
+from hfr._cuda cimport Device
 from hfr._internode cimport Schedule
 from hfr._kernels cimport Kind, kernel_kind
 from hfr._kernels cimport op_code as kernel_op_code
@@ -48,6 +50,15 @@ cdef enum:
     IDLE_NAP_NS = 1000000  # close() looks for the last unfinished call this often
 cdef int DONE = Outcome.DONE
 cdef int STAGES = Protocol.STAGES
+
+
+cdef struct Operands:  # an allreduce's arrays, as allreduce() found them
+    char* x
+    char* out
+    Py_ssize_t count
+    int dtype  # the wire code
+    bint cuda  # on the CUDA device: copies on stream
+    uintptr_t stream
 
 
 cpdef tuple rail_shape_key(int stage, Py_ssize_t count, int dtype_code, int op_code):
@@ -75,6 +86,12 @@ cdef class Front:
     cdef bint floating[MAX_DTYPES]
     cdef Kind kinds[MAX_DTYPES][OPS]
     cdef int kernel_codes[OPS]
+    # CuPy arrays, once the engine has met one (take_cuda): cupy.ndarray, on this device, staged through
+    # cuda with staging (hfr/_node_call.pyx), on the stream cupy.cuda.get_current_stream(device) gives
+    cdef object cuda_array, current_stream
+    cdef Device cuda
+    cdef int cuda_device
+    cdef char* staging
 
     def __cinit__(self):
         self.order = PyThread_allocate_lock()
@@ -97,6 +114,14 @@ cdef class Front:
             self.itemsizes[d], self.floating[d] = self.dtypes[d].itemsize, is_float(self.dtypes[d])
             for k in range(OPS):
                 self.kinds[d][k] = kernel_kind(self.dtypes[d], self.kernel_codes[k])
+
+    def take_cuda(self, copies) -> None:
+        """Take blocking allreduces of CuPy arrays on the device of copies (the engine's CudaCopies) too."""
+        import cupy
+
+        self.cuda, self.cuda_device = copies.driver, copies.device
+        self.staging = <char*><uintptr_t>copies.staging.ctypes.data
+        self.current_stream, self.cuda_array = cupy.cuda.get_current_stream, cupy.ndarray
 
     def __dealloc__(self):
         if self.order != NULL:
@@ -169,19 +194,23 @@ cdef class Front:
     def release(self) -> None:
         PyThread_release_lock(self.running)
 
-    # --- the blocking host call of one chunk --------------------------------------------------
+    # --- the blocking call of one chunk ---------------------------------------------------------
     def allreduce(self, x, op, out):
-        """comm.allreduce(x, op, out) for a NumPy array of one chunk, run here: its result, or None where
-        the engine's Python takes the call (the module's docstring says when)."""
-        if not self.in_c or type(x) is not cnp.ndarray or (out is not None and type(out) is not cnp.ndarray):
+        """comm.allreduce(x, op, out) for an array of one chunk, run here: its result, or None where the
+        engine's Python takes the call (the module's docstring says when)."""
+        cdef Operands o
+        if not self.in_c:
             return None
-        cdef cnp.ndarray a = <cnp.ndarray>x
-        cdef cnp.ndarray o = a if out is None else <cnp.ndarray>out
-        cdef int d = self._dtype_code(a), k = self._op_code(op)
-        if d < 0 or k < 0 or k == AVG and not self.floating[d] or o is not a and self._dtype_code(o) != d:
+        if type(x) is cnp.ndarray:
+            if not self._host_operands(x, out, &o):
+                return None
+        elif type(x) is self.cuda_array and self.cuda is not None:
+            if not self._cuda_operands(x, out, &o):
+                return None
+        else:
             return None
-        cdef Py_ssize_t count = cnp.PyArray_SIZE(a)
-        if count == 0 or count * self.itemsizes[d] > self.chunk_bytes or not _fits(a, o):
+        cdef int k = self._op_code(op)
+        if k < 0 or k == AVG and not self.floating[o.dtype] or o.count * self.itemsizes[o.dtype] > self.chunk_bytes:
             return None
         cdef bint inline = True  # admitted to run here only when no other call is unfinished
         if self._count_in(&inline, True) is not None or not inline:
@@ -192,25 +221,65 @@ cdef class Front:
             held = True
             if self.broken is not None:  # a call queued before ours failed
                 raise self.refusal()
-            self._run_held(x, op, out, count, d, k)
+            self._run_held(x, op, out, &o, k)
         finally:
             if held:
                 self.release()
             self.leave()
         return x if out is None else out
 
-    cdef _run_held(self, x, op, out, Py_ssize_t count, int d, int k):
+    cdef bint _host_operands(self, x, out, Operands* o) except -1:
+        """Whether x and out (or None) are NumPy arrays the front takes, as allreduce's checks would pass them:
+        of one of our dtypes, C-contiguous, not empty, out writable, of x's dtype and shape, either x's memory
+        or apart from it; into o."""
+        if out is not None and type(out) is not cnp.ndarray:
+            return False
+        cdef cnp.ndarray a = <cnp.ndarray>x
+        cdef cnp.ndarray b = a if out is None else <cnp.ndarray>out
+        o.dtype, o.count = self._dtype_code(<object>cnp.PyArray_DESCR(a)), cnp.PyArray_SIZE(a)
+        if o.dtype < 0 or o.count == 0 or b is not a and self._dtype_code(<object>cnp.PyArray_DESCR(b)) != o.dtype:
+            return False
+        cdef int flags = cnp.NPY_ARRAY_C_CONTIGUOUS
+        if not cnp.PyArray_CHKFLAGS(a, flags) or not cnp.PyArray_CHKFLAGS(b, flags | cnp.NPY_ARRAY_WRITEABLE):
+            return False
+        if b is not a and (cnp.PyArray_NDIM(b) != cnp.PyArray_NDIM(a) or
+                           memcmp(cnp.PyArray_DIMS(b), cnp.PyArray_DIMS(a), cnp.PyArray_NDIM(a) * sizeof(cnp.npy_intp))):
+            return False
+        o.x, o.out, o.cuda, o.stream = <char*>cnp.PyArray_DATA(a), <char*>cnp.PyArray_DATA(b), False, 0
+        return _apart(o.x, o.out, cnp.PyArray_NBYTES(a))
+
+    cdef bint _cuda_operands(self, x, out, Operands* o) except -1:
+        """Whether x and out (or None) are CuPy arrays the front takes: on our device, of one of our dtypes,
+        C-contiguous, not empty, out of x's dtype and shape, apart from x or x itself; into o."""
+        y = x if out is None else out
+        if type(y) is not self.cuda_array:
+            return False
+        x_memory, y_memory = x.data, y.data
+        o.dtype, o.count = self._dtype_code(x.dtype), x.size
+        if o.dtype < 0 or o.count == 0 or x_memory.device_id != self.cuda_device:
+            return False
+        if y is not x and (y_memory.device_id != self.cuda_device or self._dtype_code(y.dtype) != o.dtype
+                           or y.shape != x.shape):
+            return False
+        if not (x.flags.c_contiguous and y.flags.c_contiguous):
+            return False
+        o.x, o.out = <char*><uintptr_t>x_memory.ptr, <char*><uintptr_t>y_memory.ptr
+        if not _apart(o.x, o.out, o.count * self.itemsizes[o.dtype]):
+            return False
+        o.cuda, o.stream = True, self.current_stream(self.cuda_device).ptr
+        return True
+
+    cdef _run_held(self, x, op, out, Operands* o, int k):
         """Run the admitted allreduce, whose thread holds the running lock, raising its failure: in C,
         or across nodes where its call shape's rail schedules are not made yet, by the engine's Python
         (which makes them)."""
         cdef Schedule vote = None, rail = None
         cdef bint folded = False
         cdef long long fields[5]  # the descriptor (DESCRIPTOR_FIELDS): collective, count, dtype, op, root
-        cdef int outcome
+        cdef int outcome, d = o.dtype
         cdef int64_t g = self.node_call.chunks_done
-        cdef cnp.ndarray a = x, o = x if out is None else out
         if self.nnodes > 1:
-            schedules = self.rail_shapes.get(rail_shape_key(g % STAGES, count, d, k))
+            schedules = self.rail_shapes.get(rail_shape_key(g % STAGES, o.count, d, k))
             if schedules is None:
                 error = self.engine.run_held(self.engine.front_call(x, op, out))
                 if error is not None:
@@ -220,26 +289,29 @@ cdef class Front:
             vote.rewind()
             if rail is not None:
                 rail.rewind()
-        fields[0], fields[1], fields[2], fields[3], fields[4] = ALLREDUCE, count, d, k, 0
+        fields[0], fields[1], fields[2], fields[3], fields[4] = ALLREDUCE, o.count, d, k, 0
         try:
-            outcome = self.node_call.call(fields, <char*>cnp.PyArray_DATA(a), <char*>cnp.PyArray_DATA(o), count,
-                                          self.itemsizes[d], self.kinds[d][k], self.kernel_codes[k], k == AVG, True,
-                                          vote, rail, False, folded)
+            if o.cuda:
+                outcome = self.node_call.call_staged(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],
+                                                     self.kernel_codes[k], k == AVG, self.cuda, o.stream, o.stream,
+                                                     self.staging, vote, rail, folded)
+            else:
+                outcome = self.node_call.call(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],
+                                              self.kernel_codes[k], k == AVG, True, vote, rail, False, folded)
         except BaseException as error:  # Ctrl-C in a wait
             raise self.engine.front_failed(x, op, out, error, g, vote, rail)
         if outcome != DONE:
             raise self.engine.front_failed(x, op, out, outcome, g, vote, rail)
 
-    cdef int _dtype_code(self, cnp.ndarray a) except -2:
-        """a's dtype's wire code, -1 where it is none of DTYPES (as the engine's checks compare dtypes)."""
-        cdef object descr = <object>cnp.PyArray_DESCR(a)
+    cdef int _dtype_code(self, object dtype) except -2:
+        """dtype's wire code, -1 where it is none of DTYPES (as the engine's checks compare dtypes)."""
         cdef int d
         for d in range(self.ndtypes):
-            if descr is self.dtypes[d]:  # the common case: NumPy's own dtype objects
+            if dtype is self.dtypes[d]:  # the common case: NumPy's own dtype objects
                 return d
         # an equal one made elsewhere (an unpickled array's), looked up as the engine's checks do (== alone
         # also matches structured dtypes, which they refuse)
-        return self.dtype_codes.get(descr, -1)
+        return self.dtype_codes.get(dtype, -1)
 
     cdef int _op_code(self, object op):
         """op's wire code: an hfr.Op or its name as Op spells it; -1 for any other spelling."""
@@ -254,19 +326,6 @@ cdef class Front:
         return -1
 
 
-cdef bint _fits(cnp.ndarray x, cnp.ndarray out):
-    """x and out (of x's dtype), as allreduce's checks would pass them: C-contiguous, the same shape, out
-    writable and either x's memory or apart from it."""
-    cdef int flags = cnp.NPY_ARRAY_C_CONTIGUOUS
-    if not cnp.PyArray_CHKFLAGS(x, flags) or not cnp.PyArray_CHKFLAGS(out, flags | cnp.NPY_ARRAY_WRITEABLE):
-        return False
-    if out is x:
-        return True
-    if cnp.PyArray_NDIM(out) != cnp.PyArray_NDIM(x):
-        return False
-    if memcmp(cnp.PyArray_DIMS(out), cnp.PyArray_DIMS(x), cnp.PyArray_NDIM(x) * sizeof(cnp.npy_intp)):
-        return False
-    cdef char* a = <char*>cnp.PyArray_DATA(x)
-    cdef char* b = <char*>cnp.PyArray_DATA(out)
-    cdef Py_ssize_t nbytes = cnp.PyArray_NBYTES(x)
+cdef inline bint _apart(char* a, char* b, Py_ssize_t nbytes) noexcept:
+    """Whether two arrays of nbytes at a and b are the same memory or apart."""
     return a == b or b + nbytes <= a or a + nbytes <= b

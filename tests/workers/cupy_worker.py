@@ -110,18 +110,65 @@ for blocking in (False, True):
             y = comm.allreduce(x) if blocking else comm.allreduce_async(x).wait(timeout=120)
         assert float(cp.asnumpy(y).min()) == float(cp.asnumpy(y).max()) == size * (size + 1) / 2, (blocking, count)
 
-# Made on x's device: every event and copy, also when the caller has another device current (several
-# chunks, and one in C).
+# Made on x's device, also when the caller has another device current: every event and copy of a call
+# of several chunks; a call of one chunk staged in C (through the CUDA driver, with x's device's context)
+# makes none through CuPy, and leaves the caller's device current.
 for count in (3 << 20, 1000):
     with cp.cuda.Device(mine):
         x = cp.full(count, rank + 1.0, cp.float32)
-    if devices > 1:
-        cp.cuda.Device((mine + 1) % devices).use()
+    other = (mine + 1) % devices
+    cp.cuda.Device(other).use()
     seen.clear()
     comm.allreduce(x)
-    assert float(x[-1].get()) == size * (size + 1) / 2
-    assert (seen or size == 1) and all(current == mine and stream in (None, -1, mine) for _, current, stream in seen), seen
+    assert cp.cuda.runtime.getDevice() == other
+    with cp.cuda.Device(mine):
+        assert float(x[-1].get()) == size * (size + 1) / 2
+    assert all(current == mine and stream in (None, -1, mine) for _, current, stream in seen), seen
+    assert bool(seen) == (size > 1 and count > 1000), (count, seen)
     cp.cuda.Device(mine).use()
+
+# The front (hfr/_front.pyx) takes a blocking allreduce of one chunk of a CuPy array on the communicator's
+# device once the engine has met one (above): on one node every call, across nodes once the engine has
+# made the call shape's rail schedules (its first call on each of the 3 stages). Each is right, element
+# by element, on the caller's current stream (behind a write queued there), x untouched out of place.
+if size > 1:  # one rank has no engine: its calls return x (or a copy)
+    python_calls = []
+    run_held = comm._engine.run_held
+    comm._engine.run_held = lambda call: (python_calls.append(call), run_held(call))[1]
+    for count in (1, 257, 1024, 1025, 100003):  # 1024 float32: the largest whole call; 100003: the result slot's
+        for dtype in (np.float32, np.float16, np.int32):
+            for placement in ("in place", "out of place"):
+                for _ in range(1 if comm.nnodes == 1 else 4):
+                    seed += 1
+                    host = make_input(np.dtype(dtype), Op.SUM, count, seed)
+                    want = comm.allreduce(host.copy())
+                    stream = cp.cuda.Stream(non_blocking=True)
+                    with stream:
+                        staged = cp.asarray(host)
+                        x = cp.empty_like(staged)
+                        x[...] = staged  # a kernel queued on the caller's stream right before the call
+                        out = None if placement == "in place" else cp.full(count, 7, dtype)
+                        before = len(python_calls)
+                        got = comm.allreduce(x, out=out)
+                    assert got is (x if out is None else out)
+                    assert np.array_equal(cp.asnumpy(got).view(np.uint8), want.view(np.uint8)), (count, dtype, placement)
+                    if out is not None:
+                        assert np.array_equal(cp.asnumpy(x).view(np.uint8), host.view(np.uint8)), "x modified"
+                took_python = len(python_calls) > before
+                assert not took_python, (rank, count, dtype, placement, "the last call took the Python path")
+    # Those it leaves to the engine's Python, whose checks refuse them naming the bad value, x untouched: an
+    # out on the host, a strided array.
+    x = cp.full(7, rank + 1.0, cp.float32)
+    for what, call, error in (("numpy out", lambda: comm.allreduce(x, out=np.zeros(7, np.float32)), ValueError),
+                              ("strided", lambda: comm.allreduce(cp.ones((7, 2), cp.float32)[:, 0]), ValueError)):
+        try:
+            call()
+        except error:
+            pass
+        else:
+            raise AssertionError(f"{what}: no {error.__name__}")
+        assert float(cp.asnumpy(x).max()) == rank + 1.0, what
+    comm._engine.run_held = run_held
 
 # One-chunk calls in C beside a rank whose calls take the Python loop (rank 1): the same bits.
 mixed = hfr.Communicator(world, chunk_bytes=1 << 20)
