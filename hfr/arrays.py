@@ -64,9 +64,8 @@ def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
     elif _is_cupy(x):
         import cupy
 
-        with x.device:  # the current stream of x's device, whatever device is current
-            stream = cupy.cuda.get_current_stream()
-        kind, device = "cupy", x.device.id
+        kind, device = "cupy", x.data.device_id
+        stream = cupy.cuda.get_current_stream(device)  # x's device's, whatever device is current (no CUDA call)
     else:
         raise TypeError(f"{name} must be a numpy.ndarray or cupy.ndarray (or a torch.Tensor), got {type(x).__name__}")
     if not x.flags.c_contiguous:
