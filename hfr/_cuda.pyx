@@ -34,15 +34,16 @@ cdef to_host_fn cu_to_host
 cdef to_device_fn cu_to_device
 cdef synchronize_fn cu_synchronize
 cdef error_text_fn cu_error_name, cu_error_string
+_driver = None  # libcuda.so.1, once bound
 
 
 def bind() -> None:
     """Look the driver's functions up (once): OSError where libcuda.so.1 is missing."""
     global cu_init, cu_device_get, cu_primary_retain, cu_primary_release, cu_get_current, cu_pop_current
-    global cu_push_current, cu_to_host, cu_to_device, cu_synchronize, cu_error_name, cu_error_string
+    global cu_push_current, cu_to_host, cu_to_device, cu_synchronize, cu_error_name, cu_error_string, _driver
     if cu_init != NULL:
         return
-    lib = ctypes.CDLL("libcuda.so.1")
+    _driver = lib = ctypes.CDLL("libcuda.so.1")
     cu_device_get = <device_get_fn>_address(lib, "cuDeviceGet")
     cu_primary_retain = <retain_fn>_address(lib, "cuDevicePrimaryCtxRetain")
     cu_primary_release = <release_fn>_address(lib, "cuDevicePrimaryCtxRelease_v2")
@@ -71,7 +72,8 @@ def error_text(int error) -> str:
 
 
 cdef class Device:
-    """One CUDA device (its ordinal, as CuPy and torch number them), its primary context retained."""
+    """One CUDA device (its ordinal, as CuPy and torch number them), its primary context retained until
+    this object goes (the engine's CudaCopies holds it, with the page-locked staging, past close())."""
 
     def __cinit__(self, int ordinal):
         bind()

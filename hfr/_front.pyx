@@ -13,10 +13,10 @@ messages make, where Python around the C protocol (hfr/_node_call.pyx) cost more
 met a CuPy array (take_cuda) a CuPy array on that device, staged in C on the caller's current stream of
 the device. It returns None, before admitting it, for anything else, and the engine's Python takes that
 call, raising what it raises: another array or argument, one that the checks would refuse, a call not to
-be run on this thread (another is unfinished). Across nodes a call shape whose rail schedules the engine has not made yet (it keeps them,
-by rail_shape_key, in the dict shared with this) is admitted here and run by the engine's Python
-(Engine.run_held), so that no call admitted after it runs first. A failed call is handed back to the
-engine, which names the failure as for its own calls.
+be run on this thread (another is unfinished). Across nodes a call shape whose rail schedules the engine
+has not made yet (it keeps them, by rail_shape_key, in the dict shared with this) is admitted here and
+run by the engine's Python (Engine.run_held), so that no call admitted after it runs first. A failed
+call is handed back to the engine, which names the failure as for its own calls.
 """
 from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
                                PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock,
@@ -88,7 +88,7 @@ cdef class Front:
     cdef int kernel_codes[OPS]
     # CuPy arrays, once the engine has met one (take_cuda): cupy.ndarray, on this device, staged through
     # cuda with staging (hfr/_node_call.pyx), on the stream cupy.cuda.get_current_stream(device) gives
-    cdef object cuda_array, current_stream
+    cdef object cuda_array, current_stream, staging_buffer
     cdef Device cuda
     cdef int cuda_device
     cdef char* staging
@@ -119,8 +119,8 @@ cdef class Front:
         """Take blocking allreduces of CuPy arrays on the device of copies (the engine's CudaCopies) too."""
         import cupy
 
-        self.cuda, self.cuda_device = copies.driver, copies.device
-        self.staging = <char*><uintptr_t>copies.staging.ctypes.data
+        self.cuda, self.cuda_device, self.staging_buffer = copies.driver, copies.device, copies.staging
+        self.staging = <char*><uintptr_t>self.staging_buffer.ctypes.data
         self.current_stream, self.cuda_array = cupy.cuda.get_current_stream, cupy.ndarray
 
     def __dealloc__(self):

@@ -15,9 +15,10 @@ chunk g, on stage g % STAGES, with the GIL released from the first step to the l
              the slice's allreduce over the rail; then REDUCED (of a whole call, below, only once done
              reading the input slots)
   copy out   our part of the result slot into out, then CONSUMED. A small call (WHOLE_UP_TO_BYTES, one
-             node, host out) instead reduces out's part straight from the input slots, which hold all
-             of every rank's x (the same kernel in the same slot order: the same bits), without waiting
-             for the others' REDUCED: a hand-off fewer (the engine's terms say why that is safe)
+             node; out on the host, or a CUDA array's staging) instead reduces out's part straight from
+             the input slots, which hold all of every rank's x (the same kernel in the same slot order:
+             the same bits), without waiting for the others' REDUCED: a hand-off fewer (the engine's
+             terms say why that is safe)
 A *folded* call (across nodes; the engine says which) sends its slice with the vote, in the vote's
 record (hfr/_internode.pyx, "vote records"): one doubling over the rail rather than two. Its node's
 ranks, agreeing on the call, take the reduce's first steps before the vote (ARRIVED, the slice into the
@@ -202,6 +203,8 @@ cdef class NodeCall:
         cdef int code = op_code(Op.SUM if avg else op)
         cdef long long fields[DESCRIPTOR_FIELDS]
         fields[0], fields[1], fields[2], fields[3], fields[4] = collective, x_count, dtype_code, op_code_on_wire, root
+        if cuda is not None and staging == 0:
+            raise ValueError("a staged call needs the staging buffer")
         if cuda is not None:
             return self.call_staged(fields, <const char*>x, <char*>out, out_count, dtype.itemsize,
                                     kernel_kind(dtype, code), code, avg, cuda, to_host, to_device, <char*>staging, vote,

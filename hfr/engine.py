@@ -17,9 +17,9 @@ result slot once every rank has CONSUMED it. So copies into the segment run ahea
 chunks, while other chunks are reduced, travel and are copied back. A host (NumPy) array's owner reads
 its own slice straight from the array, so its slot holds only the slices the others need.
 A **whole** call (one node, at most WHOLE_UP_TO_BYTES) copies all of x into every input slot, and a
-rank whose out is on the host reduces its part of out straight from the slots (hfr/_node_call.pyx),
-then publishes REDUCED, rather than wait for the others' slices: it can leave the call while the
-others still read its slot. A copy in made after the ARRIVED wait of the chunk before is safe (every
+rank whose call runs in C reduces its part of out straight from the slots (hfr/_node_call.pyx; a CUDA
+array's into a page-locked buffer of its own, then copied to out), then publishes REDUCED, rather than
+wait for the others' slices: it can leave the call while the others still read its slot. A copy in made after the ARRIVED wait of the chunk before is safe (every
 rank had published REDUCED for the chunk STAGES back before that ARRIVED); the copies ahead of the
 call check (a call's first STAGES chunks, in the Python loop) wait for the REDUCED rule themselves.
 A **folded** call (across nodes: one chunk of at most _FOLDED_UP_TO_BYTES that takes doubling) sends
