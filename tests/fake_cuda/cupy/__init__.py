@@ -1,0 +1,45 @@
+"""A stand-in for CuPy over NumPy host memory, with tests/fake_cuda/libcuda.c: what hfr asks of CuPy (an
+ndarray's memory, device, dtype, shape and flags; devices, streams, events, the runtime's copies), for
+tests/test_staged.py on machines without a GPU. Device memory is host memory."""
+import numpy as np
+
+from . import cuda
+
+
+class _Memory:
+    def __init__(self, ptr: int, device_id: int):
+        self.ptr, self.device_id = ptr, device_id
+
+
+class _Flags:
+    def __init__(self, a: np.ndarray):
+        self.c_contiguous = a.flags.c_contiguous
+
+
+class ndarray:  # noqa: N801 (CuPy's name)
+    def __init__(self, a: np.ndarray, device_id: int = 0):
+        self.a, self._device_id = a, device_id
+
+    data = property(lambda self: _Memory(self.a.ctypes.data, self._device_id))
+    device = property(lambda self: cuda.Device(self._device_id))
+    flags = property(lambda self: _Flags(self.a))
+    dtype = property(lambda self: self.a.dtype)
+    size = property(lambda self: self.a.size)
+    shape = property(lambda self: self.a.shape)
+    ndim = property(lambda self: self.a.ndim)
+    nbytes = property(lambda self: self.a.nbytes)
+    strides = property(lambda self: self.a.strides)
+
+    def reshape(self, *shape):
+        return ndarray(self.a.reshape(*shape), self._device_id)
+
+    def __getitem__(self, key):
+        return ndarray(self.a[key], self._device_id)
+
+
+def asarray(a) -> ndarray:
+    return ndarray(np.array(a))
+
+
+def asnumpy(x: ndarray) -> np.ndarray:
+    return x.a.copy()

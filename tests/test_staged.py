@@ -1,0 +1,40 @@
+"""CUDA arrays' calls in C (the front, NodeCall.call_staged, hfr/_cuda.pyx) on machines without a GPU: on a
+fake CUDA driver and CuPy (tests/fake_cuda) whose device memory is host memory. tests/test_cupy.py runs the
+real thing on a GPU; this covers the same C paths, and CUDA failures, in CI."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .mpirun import REPO, run_mpi
+
+FAKE = Path(__file__).parent / "fake_cuda"
+LAYOUTS = [(3, None), (2, 1), (4, 2)]  # one node, one rank a node, 2 x 2
+
+
+@pytest.fixture(scope="module")
+def fake_cuda(tmp_path_factory) -> dict:
+    """The environment of a job on the fake: its CuPy first on the path, its libcuda.so.1 built here."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("needs a C compiler for the fake CUDA driver")
+    lib = tmp_path_factory.mktemp("fake_cuda")
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(lib / "libcuda.so.1"), str(FAKE / "libcuda.c")],
+                   check=True)
+    return {"PYTHONPATH": f"{FAKE}:{REPO}", "LD_LIBRARY_PATH": str(lib)}
+
+
+@pytest.mark.parametrize("nprocs,local_size", LAYOUTS)
+def test_cuda_calls_in_c_are_right(fake_cuda, nprocs, local_size):
+    env = {**fake_cuda, **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
+    assert run_mpi(nprocs, "staged_worker.py", "calls", env=env, timeout=180).stdout.count("staged calls ok") == nprocs
+
+
+@pytest.mark.parametrize("step", [1, 2], ids=["copy-in", "copy-out"])
+@pytest.mark.parametrize("count", [7, 3001], ids=["whole", "result-slot"])
+@pytest.mark.parametrize("nprocs,local_size", LAYOUTS)
+def test_a_failed_cuda_copy_breaks_the_communicator_and_a_new_one_works(fake_cuda, nprocs, local_size, step, count):
+    env = {**fake_cuda, **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
+    out = run_mpi(nprocs, "staged_worker.py", "fail", str(step), str(count), env=env, timeout=120).stdout
+    assert out.count(f"failed copy {step} ok") == nprocs, out

@@ -1,0 +1,144 @@
+"""CUDA arrays' calls in C (hfr/_front.pyx, NodeCall.call_staged, hfr/_cuda.pyx) on machines without a GPU:
+run with tests/fake_cuda first on PYTHONPATH and its libcuda.so.1 on LD_LIBRARY_PATH (tests/test_staged.py),
+where device memory is host memory and the fake driver aborts a copy made without the device's primary
+context. Each result is checked element by element against the host path's bits.
+
+argv[1]: "calls" (every path a CUDA call takes, right), or "fail" with argv[2] 1 (rank 0's copy in fails)
+or 2 (its copy out), argv[3] the count: the failed call, the calls after it on the broken communicator,
+then a new communicator's calls, right.
+"""
+import ctypes
+import os
+import sys
+
+import cupy
+import numpy as np
+from mpi4py import MPI
+
+import hfr
+from hfr.ops import Op
+
+assert cupy.__file__.startswith(os.path.dirname(os.path.dirname(__file__))), "not the fake CuPy"
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+driver = ctypes.CDLL("libcuda.so.1")
+seed = 0
+
+
+def values(dtype, count):
+    global seed
+    seed += 1
+    rng = np.random.default_rng([seed, rank])
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(-50, 50, count).astype(dtype)
+    return rng.standard_normal(count).astype(dtype)
+
+
+def spy(comm):
+    """The calls that comm's engine runs in Python (every call the front does not run in C)."""
+    calls, run_held = [], comm._engine.run_held
+    comm._engine.run_held = lambda call: (calls.append(call), run_held(call))[1]
+    return calls
+
+
+def check_calls(comm, counts, repeat):
+    """Allreduces of CuPy arrays through the front, against the host path; the last of each shape in C."""
+    python_calls = spy(comm)
+    for count in counts:
+        for dtype in (np.float32, np.float16, np.int32):
+            for op in ("sum", "avg", "max"):
+                if op == "avg" and np.dtype(dtype).kind == "i":
+                    continue
+                for placement in ("in place", "out of place"):
+                    for _ in range(repeat):
+                        host = values(dtype, count)
+                        want = comm.allreduce(host.copy(), op)
+                        x = cupy.asarray(host)
+                        out = None if placement == "in place" else cupy.asarray(np.full(count, 7, dtype))
+                        before = len(python_calls)
+                        got = comm.allreduce(x, op, out=out)
+                        assert got is (x if out is None else out)
+                        assert np.array_equal(cupy.asnumpy(got).view(np.uint8), want.view(np.uint8)), \
+                            (rank, count, dtype, op, placement)
+                        if out is not None:
+                            assert np.array_equal(cupy.asnumpy(x), host), "out of place changed x"
+                    assert len(python_calls) == before, (rank, count, dtype, op, placement, "took the Python path")
+
+
+def communicator(**kwargs):
+    comm = hfr.Communicator(world, chunk_bytes=1 << 20, **kwargs)
+    first = cupy.asarray(np.ones(3, np.float32))  # the engine meets a CUDA array: the front takes them after
+    comm.allreduce(first)
+    assert (cupy.asnumpy(first) == size).all()
+    return comm
+
+
+mode = sys.argv[1]
+if mode == "calls":
+    comm = communicator()
+    # 1024 float32: the largest whole call (its result through the rank's staging); 100003: the result slot
+    check_calls(comm, (1, 7, 1024, 1025, 3001, 100003), 1 if comm.nnodes == 1 else 4)
+    # reduce_scatter and reduce in C through the engine; async calls (on the engine's streams); two chunks
+    # (the Python loop, with CuPy's runtime copies)
+    for count in (1, 7, 257, 3001, 300007):
+        host = values(np.float32, count * size)
+        want = comm.reduce_scatter(host.copy(), np.empty(count, np.float32))
+        got = comm.reduce_scatter(cupy.asarray(host), cupy.asarray(np.full(count, 7, np.float32)))
+        assert np.array_equal(cupy.asnumpy(got), want), ("reduce_scatter", count)
+        host = values(np.float32, count)
+        want = comm.reduce(host.copy(), root=size - 1)
+        got = comm.reduce(cupy.asarray(host), root=size - 1)
+        assert rank != size - 1 or np.array_equal(cupy.asnumpy(got), want), ("reduce", count)
+        want = comm.allreduce(host.copy())
+        got = comm.allreduce_async(cupy.asarray(host)).wait(timeout=60)
+        assert np.array_equal(cupy.asnumpy(got), want), ("async", count)
+    # one rank in the Python loop beside ranks in C: the same bits
+    mixed = communicator()
+    if rank == 1:
+        mixed._engine.front.in_c = False
+    for count in (7, 1024, 3001, 100003):
+        host = values(np.float32, count)
+        want = mixed.allreduce(host.copy())
+        got = mixed.allreduce(cupy.asarray(host))
+        assert np.array_equal(cupy.asnumpy(got), want), ("mixed", count)
+    mixed.close()
+    comm.close()
+    assert driver.fake_copies() > 0 and driver.fake_depth() == 0, (driver.fake_copies(), driver.fake_depth())
+    print(f"rank {rank}: staged calls ok", flush=True)
+elif mode == "fail":
+    step, count = int(sys.argv[2]), int(sys.argv[3])
+    comm = communicator(timeout=3)
+    host = values(np.float32, count)
+    x = cupy.asarray(host)
+    if rank == 0:
+        os.environ["FAKE_CUDA_FAIL_AT"] = str(driver.fake_copies() + step)
+    try:
+        got = comm.allreduce(x)
+    except hfr.HFRTimeoutError:
+        assert rank != 0
+    except hfr.HFRError as error:
+        assert rank == 0 and "CUDA_ERROR_ILLEGAL_ADDRESS" in str(error), error
+        assert ("copying x to the host" if step == 1 else "copying the result to the device") in str(error), error
+        assert comm._engine.front.broken is not None
+        if step == 1:
+            assert np.array_equal(cupy.asnumpy(x), host), "a failed copy in changed x"
+    else:
+        assert rank != 0 and step == 2, "the failing rank's call ended"  # the others were done with rank 0
+        assert np.array_equal(cupy.asnumpy(got), world.allreduce(host.copy())), "right though rank 0 failed"
+        host = None
+    if host is not None:
+        world.allreduce(host.copy())  # every rank takes part in the reference above
+    os.environ.pop("FAKE_CUDA_FAIL_AT", None)
+    assert driver.fake_depth() == 0
+    try:  # the call after: refused on rank 0 (broken), timed out or refused on the others
+        comm.allreduce(cupy.asarray(values(np.float32, count)))
+    except hfr.HFRError:
+        pass
+    else:
+        raise AssertionError(f"rank {rank}: a call after rank 0's failure ran")
+    comm.close()
+    world.Barrier()
+    fresh = communicator()  # a new communicator: normal calls, element by element
+    check_calls(fresh, (7, count), 1 if fresh.nnodes == 1 else 4)
+    fresh.close()
+    print(f"rank {rank}: failed copy {step} ok", flush=True)
