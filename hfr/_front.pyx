@@ -120,7 +120,7 @@ cdef class Front:
         import cupy
 
         self.cuda, self.cuda_device, self.staging_buffer = copies.driver, copies.device, copies.staging
-        self.staging = <char*><uintptr_t>self.staging_buffer.ctypes.data
+        self.staging = <char*><uintptr_t>copies.staging_address
         self.current_stream, self.cuda_array = cupy.cuda.get_current_stream, cupy.ndarray
 
     def __dealloc__(self):

@@ -253,17 +253,16 @@ cdef class NodeCall:
                          char* staging, Schedule vote, Schedule rail, bint folded) except -1:
         """call() of a CUDA array x (allreduce, reduce or reduce_scatter; x and out device addresses), staged
         (the module's docstring): announce, x into our input slot on stream to_host, the call, out's part
-        of the result to out on stream to_device, CONSUMED. A whole call (one node, small: as _run
-        decides) reduces all of out's part into staging, this rank's page-locked buffer of
-        WHOLE_UP_TO_BYTES, without waiting for the others' slices. CUDA_FAILED where a copy failed
-        (cuda_failure says how), else call()'s outcome."""
+        of the result to out on stream to_device, CONSUMED. A whole call (_whole) reduces all of out's
+        part into staging, this rank's page-locked buffer of WHOLE_UP_TO_BYTES, without waiting for the
+        others' slices. CUDA_FAILED where a copy failed (cuda_failure says how), else call()'s outcome."""
         cdef int64_t g = self.chunks_done
         cdef char* stage = self.stages + (g % STAGES) * self.stage_bytes
         cdef char* slot = stage + self.node.local_rank * self.slot_bytes
         cdef Py_ssize_t x_nbytes = fields[1] * itemsize, out_nbytes = out_count * itemsize
         cdef Py_ssize_t out_at = self.rank * out_nbytes if fields[0] == REDUCE_SCATTER else 0
-        cdef bint whole = vote is None and x_nbytes <= WHOLE_UP_TO_BYTES
-        cdef bint copies_out = fields[0] != REDUCE or self.rank == fields[4]
+        cdef bint whole = _whole(fields[0], vote is None, x_nbytes)  # as _run decides
+        cdef bint copies_out = _copies_out(fields[0], self.rank == fields[4], False)  # no broadcast is staged
         cdef int error
         _announce(&self.node, _descriptor_column(self.calls_done), fields, self.calls_done)
         with nogil:
@@ -285,6 +284,22 @@ cdef class NodeCall:
         if not whole:
             _publish(&self.node, CONSUMED, g + 1)
         return DONE
+
+
+cdef inline bint _whole(int collective, bint one_node, Py_ssize_t total) noexcept nogil:
+    """Whether a call of total bytes (the chunk's) is whole: one node, x deposited in the input slots
+    (not the result slot), at most WHOLE_UP_TO_BYTES."""
+    return one_node and collective != BROADCAST and collective != ALLGATHER and total <= WHOLE_UP_TO_BYTES
+
+
+cdef inline bint _copies_out(int collective, bint is_root, bint out_is_x) noexcept nogil:
+    """Whether this rank's out receives the result: not a reduce's other ranks, nor a broadcast's root in
+    place."""
+    if collective == REDUCE:
+        return is_root
+    if collective == BROADCAST:
+        return not (is_root and out_is_x)
+    return True
 
 
 cdef inline Py_ssize_t _descriptor_column(int64_t calls_done) noexcept nogil:
@@ -336,15 +351,11 @@ cdef int _run(Node* node, Py_ssize_t column, long long* fields, int64_t calls_do
     cdef char* result = slots + node.local_size * slot_bytes
     cdef bint into_result = collective == BROADCAST or collective == ALLGATHER
     cdef bint deposits = collective != BROADCAST or is_root
-    cdef bint copies_out = True
+    cdef bint copies_out = _copies_out(collective, is_root, out == x)
     cdef bint differs = False, arrived = False
     cdef Py_ssize_t a, b, i
     cdef int j, waited
-    cdef bint whole = vote.advance == NULL and not into_result and total <= WHOLE_UP_TO_BYTES  # no vote: one node
-    if collective == REDUCE:
-        copies_out = is_root
-    elif collective == BROADCAST:
-        copies_out = not (is_root and out == x)
+    cdef bint whole = _whole(collective, vote.advance == NULL, total)  # no vote: one node
 
     if not announced:
         _announce(node, column, fields, calls_done)

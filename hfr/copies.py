@@ -81,6 +81,7 @@ class CudaCopies:
             self.to_host = cupy.cuda.Stream(non_blocking=True)
             self.to_device = cupy.cuda.Stream(non_blocking=True)
             self.staging = cupyx.empty_pinned(staging_bytes, np.uint8)
+        self.staging_address = self.staging.ctypes.data
 
     def begin(self, ready: Optional[Any], caller: Any) -> None:
         """Order the copies that follow after the event recorded on the caller's stream when the call was

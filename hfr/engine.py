@@ -19,9 +19,10 @@ its own slice straight from the array, so its slot holds only the slices the oth
 A **whole** call (one node, at most WHOLE_UP_TO_BYTES) copies all of x into every input slot, and a
 rank whose call runs in C reduces its part of out straight from the slots (hfr/_node_call.pyx; a CUDA
 array's into a page-locked buffer of its own, then copied to out), then publishes REDUCED, rather than
-wait for the others' slices: it can leave the call while the others still read its slot. A copy in made after the ARRIVED wait of the chunk before is safe (every
-rank had published REDUCED for the chunk STAGES back before that ARRIVED); the copies ahead of the
-call check (a call's first STAGES chunks, in the Python loop) wait for the REDUCED rule themselves.
+wait for the others' slices: it can leave the call while the others still read its slot. A copy in
+made after the ARRIVED wait of the chunk before is safe (every rank had published REDUCED for the chunk
+STAGES back before that ARRIVED); the copies ahead of the call check (a call's first STAGES chunks, in
+the Python loop) wait for the REDUCED rule themselves.
 A **folded** call (across nodes: one chunk of at most _FOLDED_UP_TO_BYTES that takes doubling) sends
 its slice over the rail inside the call check's vote (its record, hfr/_internode.pyx): one doubling,
 not two. Its ranks, agreeing within the node, publish ARRIVED and reduce their slice into the record
@@ -450,14 +451,14 @@ class Engine:
         code = _COLLECTIVE_CODES[call.collective]
         cuda, to_host, to_device, staging = None, 0, 0, 0
         if copies is not None:
-            cuda, staging = copies.driver, copies.staging.ctypes.data
+            cuda, staging = copies.driver, copies.staging_address
             to_host, to_device = copies.streams(call.ready, x.stream)
         vote, rail, folded = self._rail_schedules(call, g % STAGES) if self.layout.nnodes > 1 else (None, None, False)
         try:
             outcome = self._node_call.run(
                 code, x.address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype), call.op,
-                -1 if code in _NO_OP else op_code(call.op), call.root, True, vote, rail, False, folded,  # copy_out,
-                cuda=cuda, to_host=to_host, to_device=to_device, staging=staging)  # vote, rail, announced, folded
+                -1 if code in _NO_OP else op_code(call.op), call.root, vote=vote, rail=rail, folded=folded,
+                cuda=cuda, to_host=to_host, to_device=to_device, staging=staging)
         except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
             internode.abandon(vote, rail)
             raise
