@@ -1,4 +1,4 @@
-"""Builds hfr._kernels (-O3, SIMD for this CPU, its own pthread pool), hfr._internode, hfr._spin,
+"""Builds hfr._kernels (-O3, SIMD for this CPU, its own pthread pool), hfr._wait, hfr._internode, hfr._spin,
 hfr._cuda, hfr._node_call and hfr._front."""
 import os
 
@@ -23,6 +23,9 @@ kernels = Extension(
 internode = Extension("hfr._internode", ["hfr/_internode.pyx"], include_dirs=[numpy.get_include()], extra_compile_args=["-O2"],
                  define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
 
+# What every wait looks at besides its condition: pending signals, a cancelled call.
+wait = Extension("hfr._wait", ["hfr/_wait.pyx"], extra_compile_args=["-O2"])
+
 # Waits on the node's counters with the GIL released (hfr/engine.py falls back to Python polling).
 spin = Extension("hfr._spin", ["hfr/_spin.pyx"], extra_compile_args=["-O2"])
 
@@ -40,7 +43,7 @@ front = Extension("hfr._front", ["hfr/_front.pyx"], include_dirs=[numpy.get_incl
 
 setup(
     ext_modules=cythonize(
-        [kernels, internode, spin, cuda, node_call, front],
+        [kernels, wait, internode, spin, cuda, node_call, front],
         compiler_directives={
             "language_level": "3",
             "boundscheck": False,

@@ -19,8 +19,8 @@ run by the engine's Python (Engine.run_held), so that no call admitted after it 
 call is handed back to the engine, which names the failure as for its own calls.
 """
 from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
-                               PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock,
-                               PyThread_type_lock)
+                               PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
+                               PyThread_release_lock, PyThread_type_lock)
 from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memcmp
 
@@ -31,7 +31,7 @@ from hfr._internode cimport Schedule
 from hfr._kernels cimport Kind, kernel_kind
 from hfr._kernels cimport op_code as kernel_op_code
 from hfr._node_call cimport NodeCall
-from hfr._wait cimport HFR_SIGNAL_CHECK_S, PyErr_CheckSignals, hfr_nap, raise_pending
+from hfr._wait cimport HFR_SIGNAL_CHECK_S, PyErr_CheckSignals, forget_cancel, hfr_nap, hfr_now, raise_pending
 
 cdef extern from "pythread.h":
     PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds, int intr_flag) nogil
@@ -70,6 +70,7 @@ cpdef tuple rail_shape_key(int stage, Py_ssize_t count, int dtype_code, int op_c
 cdef class Front:
     cdef PyThread_type_lock order  # guards unfinished and closed; held only in short sections
     cdef PyThread_type_lock running  # held by the call that runs
+    cdef unsigned long holder  # the thread that holds running, or 0
     cdef Py_ssize_t unfinished  # calls counted in and not yet out
     cdef bint closed
     cdef public object broken  # what failed a call and left the peers' state unknown: no more calls
@@ -162,18 +163,28 @@ cdef class Front:
         self.closed = True
         PyThread_release_lock(self.order)
 
-    def wait_idle(self) -> None:
-        """Wait until no call is unfinished (those running on their callers' threads too)."""
+    def wait_idle(self, double timeout) -> bool:
+        """Wait up to timeout seconds until no call is unfinished (those running on their callers' threads
+        too); returns whether none is."""
         cdef Py_ssize_t unfinished = 1
-        while unfinished > 0:
+        cdef double deadline = hfr_now() + timeout
+        while True:
             PyThread_acquire_lock(self.order, WAIT_LOCK)
             unfinished = self.unfinished
             PyThread_release_lock(self.order)
-            if unfinished > 0:
-                with nogil:
-                    hfr_nap(IDLE_NAP_NS)
-                if PyErr_CheckSignals():
-                    raise_pending()
+            if unfinished == 0:
+                return True
+            if hfr_now() > deadline:
+                return False
+            with nogil:
+                hfr_nap(IDLE_NAP_NS)
+            if PyErr_CheckSignals():
+                raise_pending()
+
+    def held_here(self) -> bool:
+        """Whether the calling thread holds the running lock: close() called from within a call (by a
+        signal handler that interrupted it)."""
+        return self.holder == PyThread_get_thread_ident()
 
     cpdef object refusal(self):
         """The HFRError a call gets once an earlier call failed (broken), else None."""
@@ -190,8 +201,11 @@ cdef class Front:
                 got = PyThread_acquire_lock_timed(self.running, <long long>(HFR_SIGNAL_CHECK_S * 1e6), 0) == PY_LOCK_ACQUIRED
             if not got and PyErr_CheckSignals():
                 raise_pending()
+        self.holder = PyThread_get_thread_ident()
 
     def release(self) -> None:
+        self.holder = 0
+        forget_cancel()
         PyThread_release_lock(self.running)
 
     # --- the blocking call of one chunk ---------------------------------------------------------

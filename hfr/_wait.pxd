@@ -1,6 +1,6 @@
-# Waiting in C with the GIL released, shared by hfr/_spin.pyx, hfr/_node_call.pyx and hfr/_internode.pyx:
-# a monotonic clock in seconds (time.monotonic()'s, so Python deadlines compare with it), a nap,
-# sched_yield, and a look at pending signals (Ctrl-C), as a Python polling loop would take.
+# Waiting in C with the GIL released, shared by hfr/_spin.pyx, hfr/_node_call.pyx, hfr/_internode.pyx and
+# hfr/_front.pyx: a monotonic clock in seconds (time.monotonic()'s, so Python deadlines compare with it), a
+# nap, sched_yield, and a look at pending signals (Ctrl-C) and at a cancelled call (hfr/_wait.pyx).
 cdef extern from *:
     """
     #include <sched.h>
@@ -20,15 +20,10 @@ cdef extern from "Python.h":
     int PyErr_CheckSignals() noexcept  # -1 with the handler's exception set
 
 
-cdef inline bint signal_raised() noexcept nogil:
-    """Run Python's pending signal handlers; True if one raised (its exception is left set: the caller
-    returns to Python and calls raise_pending)."""
-    cdef int failed
-    with gil:
-        failed = PyErr_CheckSignals()
-    return failed != 0
+cdef bint signal_raised() noexcept nogil
+cdef void forget_cancel() noexcept nogil
 
 
 cdef inline int raise_pending() except -1:
-    """Raise the exception a signal handler left set (returning -1 with it set makes Cython raise it)."""
+    """Raise the exception signal_raised left set (returning -1 with it set makes Cython raise it)."""
     return -1

@@ -47,7 +47,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import _kernels, _node_call, internode, kernels
+from . import _kernels, _node_call, _wait, internode, kernels
 from ._front import Front, rail_shape_key
 from ._node_call import slice_bounds
 from .arrays import Array, inspect
@@ -148,6 +148,8 @@ class Engine:
         self._cuda: Optional[CudaCopies] = None
         self._copies_out: deque = deque()  # (sequence number, token) of copies out not yet CONSUMED
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue_lock = threading.Lock()  # orders a call's queueing against the progress thread's stop
+        self._stopped = False  # the progress thread takes no more calls: a call queued now is refused
         # Admission, the running lock and the blocking host call of one chunk, in C (hfr/_front.pyx);
         # calls of one chunk run in C (_run says which) with the Cython kernels: front.in_c.
         self.front = Front(self._node_call, self, layout.rank, layout.nnodes, chunk_bytes, self._rail_shapes,
@@ -181,7 +183,13 @@ class Engine:
             self.front.leave()
             raise
         work = Work(lambda: call.describe(self.layout.rank), call.result)
-        self._queue.put((call, work))
+        with self._queue_lock:
+            stopped = self._stopped
+            if not stopped:
+                self._queue.put((call, work))
+        if stopped:  # admitted before close() began, queued after the progress thread stopped
+            self.front.leave()
+            raise HFRError("the communicator is closed")
         return work
 
     def close(self) -> bool:
@@ -190,12 +198,17 @@ class Engine:
         Returns whether it was freed: if not, nothing collective may be attempted any more."""
         self.front.close()
         self._queue.put(None)
+        if self.front.held_here():  # called by a signal handler inside a call of this thread: cancel it
+            _wait.cancel_running_call()
+            self._publish(CLOSING, BROKEN)
+            return False
         self._thread.join()
-        self.front.wait_idle()  # blocking calls still running on their callers' threads finish first
+        # Blocking calls still running on their callers' threads finish first, within the timeout.
+        healthy = self.front.wait_idle(self.timeout) and self.front.broken is None
         # Each rank says how it closes in its control row, so a healthy rank never enters the window's
         # collective free beside a peer that failed (and skips it), nor waits for one past the timeout.
-        self._publish(CLOSING, HEALTHY if self.front.broken is None else BROKEN)
-        if self.front.broken is not None:
+        self._publish(CLOSING, HEALTHY if healthy else BROKEN)
+        if not healthy:
             return False
         try:
             self._wait_all(CLOSING, HEALTHY, "the node's ranks to close")
@@ -213,9 +226,20 @@ class Engine:
         while True:
             item = self._queue.get()
             if item is None:
-                return
+                break
             call, work = item
             work._finish(self._execute(call))
+        # close() came: calls queued after it (admitted before it began) are refused, not left waiting
+        with self._queue_lock:
+            self._stopped = True
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                self.front.leave()
+                item[1]._finish(HFRError("the communicator is closed"))
 
     def _execute(self, call: Call) -> Optional[BaseException]:
         """Run one call, one at a time. Returns its failure, if it failed: an HFRError (the original as
@@ -661,6 +685,7 @@ class Engine:
         polls, pause = 0, 0.0
         while True:
             self._retire_copies_out()
+            _wait.check()  # a signal handler's exception, or close() from one, ends the call
             if ready() or (spin is not None and spin(SPIN_SLICE_S)):
                 self.segment.sync()
                 return

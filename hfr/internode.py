@@ -50,6 +50,7 @@ from typing import Iterator, NoReturn, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from . import _wait
 from ._internode import BLOCKS_IN_FLIGHT, Doubling, Ring, TreePipeline, ring_scratch_elements
 from ._internode import VOTE_RECORD_WORDS as VOTE_WORDS
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
@@ -215,28 +216,33 @@ class _Sequence:
 
 
 def _drive(rail: MPI.Comm, flows: Sequence, deadline: Optional[float], what: str) -> None:
-    """Advance the flows until all are done; HFRTimeoutError naming what is awaited once past deadline."""
+    """Advance the flows until all are done; HFRTimeoutError naming what is awaited once past deadline.
+    Flows that do not finish (the timeout, Ctrl-C, a cancelled call) are abandoned."""
     last_progress = time.monotonic()
-    while True:
-        progressed = False
-        for flow in flows:
-            progressed |= flow.advance()
-        if all(flow.done for flow in flows):
-            return
-        now = time.monotonic()
-        if progressed:
-            last_progress = now
-            continue
-        if deadline is not None and now > deadline:
-            waits = "; ".join(w for flow in flows if not flow.done for w in flow.waiting_for())
+    try:
+        while True:
+            progressed = False
             for flow in flows:
-                flow.abandon()
-            _SCRATCH.__dict__.pop("buffers", None)  # abandoned receives may still write there
-            raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
-        if now - last_progress < YIELD_POLL_S:
-            os.sched_yield()
-        else:
-            time.sleep(POLL_SLEEP_S)
+                progressed |= flow.advance()
+            if all(flow.done for flow in flows):
+                return
+            now = time.monotonic()
+            if progressed:
+                last_progress = now
+                continue
+            if deadline is not None and now > deadline:
+                waits = "; ".join(w for flow in flows if not flow.done for w in flow.waiting_for())
+                raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
+            if now - last_progress < YIELD_POLL_S:
+                os.sched_yield()
+            else:
+                _wait.check()  # a signal handler's exception, or close() from one, ends the call
+                time.sleep(POLL_SLEEP_S)
+    except BaseException:
+        for flow in flows:
+            flow.abandon()
+        _SCRATCH.__dict__.pop("buffers", None)  # abandoned receives may still write there
+        raise
 
 
 _SCRATCH = threading.local()  # per thread: {key: uint8 buffer}, reused so no call pays page faults

@@ -164,6 +164,22 @@ def test_making_closing_and_foreign_failures(scenario, nprocs, local_size, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"rank{r}.ok" for r in range(ranks)], result.stdout
 
 
+@pytest.mark.parametrize("local_size,rounds", [(None, 500), (1, 50)], ids=["1node-500", "2nodes-50"])
+def test_close_racing_a_call_returns_within_the_timeout(local_size, rounds, tmp_path):
+    """close() on one thread, a call on another, Python switching threads every microsecond: a call
+    queued as the progress thread stopped used to be left unfinished, and close() waited for it forever."""
+    env = {"FAULT_TIMEOUT": "1", "FAULT_DIR": str(tmp_path), **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
+    result = run_mpi(2, "lifecycle_worker.py", "closerace", str(rounds), env=env, timeout=150, check=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.ok", "rank1.ok"], result.stdout
+
+
+@pytest.mark.parametrize("path,local_size", [("c", None), ("python", None), ("c", 1), ("python", 1)])
+def test_close_from_a_signal_handler_cancels_the_call_it_interrupted(path, local_size, tmp_path):
+    env = {"FAULT_TIMEOUT": "3", "FAULT_DIR": str(tmp_path), **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
+    result = run_mpi(2, "lifecycle_worker.py", "cancel", path, env=env, timeout=60, check=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.ok", "rank1.ok"], result.stdout
+
+
 def test_wait_with_a_timeout_leaves_the_call_running():
     assert "slow ok" in run_mpi(3, "faults_worker.py", "slow").stdout
 

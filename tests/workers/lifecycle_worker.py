@@ -20,6 +20,14 @@ held      the same while a call admitted to run on its caller's thread waits for
           the communicator's next call is right.
 inflight  rank 0 closes while a blocking call of another of its threads waits for a late peer: close()
           waits for that call, which ends right, before it frees the segment.
+closerace argv[2] rounds of close() racing a call on another thread (allreduce_async + wait, and the
+          blocking allreduce, by turns), Python switching threads every microsecond: every close()
+          returns within the timeout, every call either ends right or raises HFRError, x untouched
+          where it was refused.
+cancel    a signal handler calls close() while its thread's call waits for a peer that never comes
+          (argv[2]: "c", the call in C; "python", the engine's Python loop): close() returns at once,
+          the call ends with HFRError (cancelled) soon after, the communicator refuses calls; then
+          a new Communicator's call is right on every rank.
 """
 import os
 import sys
@@ -196,6 +204,65 @@ elif scenario == "held":
     x = np.arange(10, dtype=np.float32) + rank  # the call never started: the next one is the first, on every rank
     assert np.array_equal(comm.allreduce(x), np.arange(10, dtype=np.float32) * size + size * (size - 1) / 2), x
     comm.close()
+    done()
+elif scenario == "closerace":
+    sys.setswitchinterval(1e-6)
+    expected = np.full(7, size * (size + 1) / 2, np.float32)
+    for i in range(int(sys.argv[2])):
+        world.Barrier()  # a rank whose call timed out beside a refused one comes late to the next round
+        comm = hfr.Communicator(world, timeout=TIMEOUT, chunk_bytes=4096)
+        x, outcome = np.full(7, rank + 1, np.float32), []
+
+        def call():
+            try:
+                outcome.append(comm.allreduce_async(x).wait() if i % 2 else comm.allreduce(x))
+            except hfr.HFRError as error:
+                outcome.append(error)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        start = time.monotonic()
+        comm.close()
+        assert time.monotonic() - start < TIMEOUT + 1, f"round {i}: close() took {time.monotonic() - start:.1f} s"
+        caller.join(TIMEOUT + 5)
+        assert not caller.is_alive(), f"round {i}: the call never ended"
+        got = outcome[0]
+        if isinstance(got, hfr.HFRError):
+            assert any(w in str(got) for w in ("closed", "waited", "failed earlier")), f"round {i}: {got!r}"
+            if "closed" in str(got):
+                assert (x == rank + 1).all(), f"round {i}: a refused call changed x: {x}"
+        else:
+            assert got is x and np.array_equal(x, expected), f"round {i}: {x}"
+    done()
+elif scenario == "cancel":
+    import signal
+
+    comm = hfr.Communicator(world, timeout=60)
+    if rank == 0:
+        comm._engine.front.in_c = sys.argv[2] == "c"
+        closing = []
+
+        def close_on_alarm(signum, frame):
+            start = time.monotonic()
+            comm.close()
+            closing.append(time.monotonic() - start)
+
+        signal.signal(signal.SIGALRM, close_on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        start = time.monotonic()
+        x = np.ones(10, np.float32)
+        expect(hfr.HFRError, "cancelled", lambda: comm.allreduce(x))
+        took = time.monotonic() - start
+        assert closing and closing[0] < 1 and took < 2, f"close() took {closing}, the call {took:.1f} s"
+        expect(hfr.HFRError, "closed", lambda: comm.allreduce(x))
+    else:
+        time.sleep(1.0)
+        start = time.monotonic()
+        comm.close()  # beside a peer that closed broken: no collective free
+        assert time.monotonic() - start < 5, time.monotonic() - start
+    with hfr.Communicator(world, timeout=TIMEOUT) as fresh:
+        x = np.arange(10, dtype=np.float32) + rank
+        assert np.array_equal(fresh.allreduce(x), np.arange(10, dtype=np.float32) * size + size * (size - 1) / 2), x
     done()
 else:
     raise SystemExit(f"unknown scenario {scenario}")
