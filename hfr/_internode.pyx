@@ -632,6 +632,11 @@ cdef class Doubling(Schedule):
                 waits.append(f"step {s.step}: from {step.peer}")
         return waits
 
+    def awaited(self) -> list:
+        """The rail ranks the step under way waits on (its peer), or none."""
+        cdef Swaps* s = &self.swaps
+        return [s.steps[s.step].peer] if s.step < s.nsteps and s.posted else []
+
     def abandon(self) -> None:
         """Cancel the receives still posted (the sends stay as they are)."""
         cdef Swaps* s = &self.swaps

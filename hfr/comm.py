@@ -108,43 +108,39 @@ class Communicator:
             result = self._front.allreduce(x, op, out)
             if result is not None:
                 return result
-        return self._run("allreduce", x, out, op, root=0, receives=True)
+        return self._run("allreduce", x, out, op, root=0)
 
     def allreduce_async(self, x: Any, op: OpLike = "sum", out: Any = None) -> Work:
-        return self._submit("allreduce", x, out, op, root=0, receives=True)
+        return self._submit("allreduce", x, out, op, root=0)
 
     def reduce(self, x: Any, root: int = 0, op: OpLike = "sum", out: Any = None) -> Any:
         """Reduce x over all ranks into x (or out) of rank root; the other ranks' arrays are untouched."""
-        root = self._check_root(root)
-        return self._run("reduce", x, out, op, root, receives=self.rank == root)
+        return self._run("reduce", x, out, op, root)
 
     def reduce_async(self, x: Any, root: int = 0, op: OpLike = "sum", out: Any = None) -> Work:
-        root = self._check_root(root)
-        return self._submit("reduce", x, out, op, root, receives=self.rank == root)
+        return self._submit("reduce", x, out, op, root)
 
     def broadcast(self, x: Any, root: int = 0) -> Any:
         """Copy x of rank root into x of every rank. Returns x."""
-        root = self._check_root(root)
-        return self._run("broadcast", x, None, Op.SUM, root, receives=self.rank != root)
+        return self._run("broadcast", x, None, Op.SUM, root)
 
     def broadcast_async(self, x: Any, root: int = 0) -> Work:
-        root = self._check_root(root)
-        return self._submit("broadcast", x, None, Op.SUM, root, receives=self.rank != root)
+        return self._submit("broadcast", x, None, Op.SUM, root)
 
     def reduce_scatter(self, x: Any, out: Any, op: OpLike = "sum") -> Any:
         """Reduce x (size * k elements) over all ranks; out (k elements) gets this rank's k of the result,
         rank r the elements [r * k, (r + 1) * k). Returns out."""
-        return self._run("reduce_scatter", x, out, op, root=0, receives=True)
+        return self._run("reduce_scatter", x, out, op, root=0)
 
     def reduce_scatter_async(self, x: Any, out: Any, op: OpLike = "sum") -> Work:
-        return self._submit("reduce_scatter", x, out, op, root=0, receives=True)
+        return self._submit("reduce_scatter", x, out, op, root=0)
 
     def allgather(self, x: Any, out: Any) -> Any:
         """Every rank's x (k elements) into out (size * k elements), in rank order. Returns out."""
-        return self._run("allgather", x, out, Op.SUM, root=0, receives=True)
+        return self._run("allgather", x, out, Op.SUM, root=0)
 
     def allgather_async(self, x: Any, out: Any) -> Work:
-        return self._submit("allgather", x, out, Op.SUM, root=0, receives=True)
+        return self._submit("allgather", x, out, Op.SUM, root=0)
 
     # --- life ----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -173,26 +169,20 @@ class Communicator:
         self.close()
 
     # --- checks --------------------------------------------------------------------------------
-    def _check_root(self, root: Any) -> int:
-        self._check_open()
-        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
-            raise ValueError(f"root {root!r} is out of range: expected an int in [0, {self.size})")
-        return root
-
     def _check_open(self) -> None:
         if self.closed:
             raise HFRError("the communicator is closed")
 
-    def _run(self, collective: str, x: Any, out: Any, op: OpLike, root: int, receives: bool) -> Any:
+    def _run(self, collective: str, x: Any, out: Any, op: OpLike, root: Any) -> Any:
         """Check the arguments, run the call, return its result (the blocking forms)."""
-        call = self._call(collective, x, out, op, root, receives)
+        call = self._call(collective, x, out, op, root)
         if self._engine is None:
             return self._alone(call)
         return self._engine.run(call)
 
-    def _submit(self, collective: str, x: Any, out: Any, op: OpLike, root: int, receives: bool) -> Work:
+    def _submit(self, collective: str, x: Any, out: Any, op: OpLike, root: Any) -> Work:
         """Check the arguments, then hand the call to the engine's progress thread (the _async forms)."""
-        call = self._call(collective, x, out, op, root, receives)
+        call = self._call(collective, x, out, op, root)
         if self._engine is None:
             result = self._alone(call, wait=False)
             ready = caller_ready(call.x.stream, call.x.device) if call.x.kind == "cupy" else None
@@ -201,9 +191,24 @@ class Communicator:
             return work
         return self._engine.submit(call)
 
-    def _call(self, collective: str, x: Any, out: Any, op: OpLike, root: int, receives: bool) -> Call:
-        """The call, its arguments checked (TypeError/ValueError/HFRError before anything is modified)."""
+    def _call(self, collective: str, x: Any, out: Any, op: OpLike, root: Any) -> Call:
+        """The call, its arguments checked: TypeError/ValueError naming the bad value before anything is
+        modified, or HFRError once closed. A rank whose arguments fail the checks still takes part in
+        the call's check, as a refused call, before it raises: its peers' calls fail too (MismatchError
+        naming it) rather than pair with its next call, since some checks hold on some ranks only (x
+        must be writable where it receives)."""
         self._check_open()
+        try:
+            return self._checked_call(collective, x, out, op, root)
+        except (TypeError, ValueError) as error:
+            if self._engine is not None:
+                self._engine.refuse(collective, error)
+            raise
+
+    def _checked_call(self, collective: str, x: Any, out: Any, op: OpLike, root: Any) -> Call:
+        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
+            raise ValueError(f"root {root!r} is out of range: expected an int in [0, {self.size})")
+        receives = self.rank == root if collective == "reduce" else self.rank != root if collective == "broadcast" else True
         xa = inspect(x, "x", writable=receives and out is None)
         if collective in ("reduce_scatter", "allgather"):
             oa = check_shards(xa, out, collective, self.size, self.rank)

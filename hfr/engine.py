@@ -73,9 +73,11 @@ DESCRIPTOR_WORDS = 8
 CLOSING = 48
 HEALTHY, BROKEN = 1, 2  # CLOSING's values
 DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")
+REFUSED = -1  # the count of a refused call's descriptor (its other fields -1 but the collective)
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "reduce_scatter", "allgather")  # wire codes: append only
 SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
 WHOLE_UP_TO_BYTES = 4096  # whole calls (the terms above): reducing 4 KiB per rank costs less than a hand-off
+ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits this long for its peers' word on who never came
 SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are retired again
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
@@ -96,6 +98,7 @@ class Call:
     root: int  # 0 where it is unused
     ready: Any  # CUDA event recorded on the caller's stream, or None
     result: Any  # what the call returns: the array that receives, in the caller's library
+    refused: bool = False  # its arguments failed their checks on this rank: it only takes part in the call check
 
     def describe(self, rank: int) -> str:
         return f"{self.collective} of {self.x.size} {self.x.dtype} on rank {rank}"
@@ -118,6 +121,8 @@ class Call:
 
     def descriptor(self) -> list[int]:
         code = _COLLECTIVE_CODES[self.collective]
+        if self.refused:
+            return [code, REFUSED, -1, -1, -1]
         return [code, self.x.size, dtype_code(self.x.dtype), -1 if code in _NO_OP else op_code(self.op), self.root]
 
 
@@ -143,6 +148,7 @@ class Engine:
         self._vote_record = internode.VoteRecord() if layout.nnodes > 1 else None
         self._vote = None if layout.nnodes == 1 else internode.vote_schedule(rail_comm, self._vote_record)
         self._rail_shapes: dict[tuple, Any] = {}
+        self._report_room = max(layout.local_size, layout.nnodes)  # ranks in one report of who never came
         self._rail_scratch = np.empty(0, np.uint8)
         self._host = HostCopies(threads)
         self._cuda: Optional[CudaCopies] = None
@@ -173,6 +179,17 @@ class Engine:
         if error is not None:
             raise error
         return call.result
+
+    def refuse(self, collective: str, error: BaseException) -> None:
+        """Take part in the check of a call whose arguments this rank refused (error), with a descriptor
+        no real call has: the peers' call fails with MismatchError naming this rank, or, where every
+        rank refused it, ends on every rank. The caller then raises error (its context says what else
+        went wrong: a peer that never came, a communicator that failed earlier)."""
+        nothing = inspect(np.empty(0, np.uint8), writable=False)
+        try:
+            self.run(Call(collective, nothing, nothing, Op.SUM, 0, None, None, refused=True))
+        except MismatchError:
+            pass  # the peers made a real call: they are told, and error is this rank's answer
 
     def _enqueue(self, call: Call) -> Work:
         """Queue an admitted call (undoing its admission if that fails)."""
@@ -543,9 +560,12 @@ class Engine:
             try:
                 internode.stopped(self.rail_comm, vote, internode.VOTE_WHAT)
             except HFRTimeoutError as error:
-                raise self._timed_out(f"the call check ({error})", None) from None
+                raise self._timed_out(f"the call check ({error})", None, error.rail_peers) from None
         if outcome == Outcome.RAIL_STOPPED:
-            internode.stopped(self.rail_comm, rail, f"allreduce ({self._algo_for(call)})")
+            try:
+                internode.stopped(self.rail_comm, rail, f"allreduce ({self._algo_for(call)})")
+            except HFRTimeoutError as error:
+                raise self._timed_out(f"the rail's step ({error})", None, error.rail_peers) from None
         if outcome == Outcome.MISMATCH:
             self._raise_mismatch(call.descriptor())
         if outcome == Outcome.NO_MEMORY:
@@ -619,7 +639,7 @@ class Engine:
                 try:
                     internode.vote(self.rail_comm, vote, deadline=time.monotonic() + self.timeout)
                 except HFRTimeoutError as error:
-                    raise self._timed_out(f"the call check ({error})", None) from None
+                    raise self._timed_out(f"the call check ({error})", None, error.rail_peers) from None
                 n = len(mine)
                 mismatch = bool(votes[0]) or bool((votes[1 : 1 + n] != -votes[1 + n :]).any())
             if mismatch:
@@ -698,9 +718,21 @@ class Engine:
             if time.monotonic() > deadline:
                 raise self._timed_out(what, None if laggards is None else laggards())
 
-    def _timed_out(self, what: str, laggards: Optional[list[int]]) -> HFRTimeoutError:
+    def _timed_out(self, what: str, laggards: Optional[list[int]], rail_peers: list[int] = ()) -> HFRTimeoutError:
+        """The timeout of a wait for laggards (ranks of this node), or for rail_peers (rail ranks: their
+        nodes), named by the ranks that never came. Every rank that times out tells its rail whom it
+        waited for (internode.report_absent): a rail peer that reports is there, and waits in turn for
+        the ranks it names, so this rank names those instead."""
         layout = self.layout
-        who = "" if laggards is None else f" (still waiting for ranks {laggards})"
+        who = ""
+        if laggards:
+            internode.report_absent(self.rail_comm, laggards, self._report_room)
+            who = f" (still waiting for ranks {laggards})"
+        elif rail_peers:
+            internode.report_absent(self.rail_comm, [layout.rail_ranks[p] for p in rail_peers], self._report_room)
+            reports = internode.reported_absent(self.rail_comm, rail_peers, self._report_room, ABSENT_REPORT_GRACE_S)
+            absent = sorted({r for p in rail_peers for r in reports.get(p, [layout.rail_ranks[p]]) if r != layout.rank})
+            who = f" (still waiting on the rail for nodes {list(rail_peers)}: ranks {absent} never came)"
         return HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "
                                f"waited {self.timeout:g} s for {what}{who}")
 
@@ -732,14 +764,17 @@ def describe_mismatch(table: np.ndarray) -> str:
         "dtype": lambda v: DTYPES[v].name if 0 <= v < len(DTYPES) else str(v),
         "op": lambda v: "-" if v < 0 else list(Op)[v].value,
     }
-    parts = []
+    refused = table[:, DESCRIPTOR_FIELDS.index("count")] == REFUSED
+    parts = [f"ranks {np.flatnonzero(refused).tolist()} refused the call (their arguments failed its checks: their "
+             f"own error says why)"] if refused.any() else []
+    callers = np.flatnonzero(~refused).tolist()  # the ranks that made a real call
     for column, field in enumerate(DESCRIPTOR_FIELDS):
-        values = table[:, column]
-        if (values == values[0]).all():
+        values = table[callers, column].tolist()
+        if len(set(values)) < 2:
             continue
         show = names.get(field, str)
         groups = {}
-        for rank, v in enumerate(values.tolist()):
+        for rank, v in zip(callers, values):
             groups.setdefault(v, []).append(rank)
         parts.append(f"{field} differs: " + "; ".join(f"ranks {ranks} have {show(v)}" for v, ranks in groups.items()))
     return "ranks made different calls: " + " | ".join(parts)

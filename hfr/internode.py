@@ -59,7 +59,7 @@ from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "VoteRecord", "doubling", "stopped", "abandon",
-           "choose_algo", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
+           "choose_algo", "report_absent", "reported_absent", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
            "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
 
@@ -75,6 +75,7 @@ _TREE_TAGS = [(0x4846, 0x4848), (0x4847, 0x4849)]  # (up, down) by tree; all bel
 _RING_TAG = 0x484A
 _DOUBLING_TAG = 0x484B
 _VOTE_TAG = 0x484C
+_ABSENT_TAG = 0x484D
 
 _MPI_OPS = {Op.SUM: MPI.SUM, Op.MAX: MPI.MAX, Op.MIN: MPI.MIN, Op.PROD: MPI.PROD}
 _OWN_MPI_OPS: dict[tuple[np.dtype, Op], MPI.Op] = {}  # made once per (dtype, op), never freed
@@ -308,8 +309,11 @@ def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
         abandon(schedule)
         raise
     waits = "; ".join(schedule.waiting_for())
+    awaited = schedule.awaited() if isinstance(schedule, Doubling) else []
     abandon(schedule)
-    raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
+    error = HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
+    error.rail_peers = awaited  # the rail ranks it waited on (the engine names their ranks)
+    raise error
 
 
 def abandon(*schedules) -> None:
@@ -319,6 +323,36 @@ def abandon(*schedules) -> None:
             schedule.abandon()
             _ABANDONED.append(schedule)
             _SCRATCH.__dict__.pop("buffers", None)
+
+
+# ------------------------------------------------------------------------------- who never came
+# A rank whose call timed out waiting for ranks of its own node knows them; the ranks of other nodes that
+# wait on its node over the rail only know that the node never answered. Each tells its rail whom it
+# waited for (report_absent), and a rank that waited on a peer that reports names those ranks
+# (reported_absent) rather than the peer, which is there and waits as it does.
+
+
+def report_absent(rail: MPI.Comm, ranks: list[int], room: int) -> None:
+    """Tell every other rank of the rail that this rank waited in vain for ranks (at most room)."""
+    message = np.full(room, -1, np.int64)
+    message[: len(ranks)] = ranks
+    for peer in range(rail.Get_size()):
+        if peer != rail.Get_rank():
+            _ABANDONED.append((rail.Isend(message, peer, _ABSENT_TAG), message))  # no one may ever receive it
+
+
+def reported_absent(rail: MPI.Comm, peers: list[int], room: int, grace: float) -> dict[int, list[int]]:
+    """The ranks that each of these rail peers reported absent (report_absent) within grace seconds."""
+    reports: dict[int, list[int]] = {}
+    deadline = time.monotonic() + grace
+    while len(reports) < len(peers) and time.monotonic() < deadline:
+        for peer in peers:
+            if peer not in reports and rail.Iprobe(peer, _ABSENT_TAG):
+                message = np.empty(room, np.int64)
+                rail.Recv(message, peer, _ABSENT_TAG)
+                reports[peer] = [int(r) for r in message if r >= 0]
+        time.sleep(1e-3)
+    return reports
 
 
 # ---------------------------------------------------------------------------------------- doubling

@@ -25,6 +25,7 @@ class Layout:
     nnodes: int
     node_ranks: tuple  # global ranks of this node's ranks, by local rank
     rank_nodes: tuple  # the node of every global rank
+    rail_ranks: tuple  # global ranks of this rank's rail, by node
     host_size: int  # ranks on this rank's host (more than local_size when nodes are emulated)
 
 
@@ -79,7 +80,7 @@ def split(comm: MPI.Comm, local_size: Optional[int] = None) -> tuple[Layout, MPI
     rail_comm = comm.Split(color=local_rank, key=node)
     rank_nodes = tuple(leaders.index(f[0]) for f in facts)
     layout = Layout(rank, size, local_rank, local, node, len(leaders), tuple(node_comm.allgather(rank)), rank_nodes,
-                    host_size)
+                    tuple(rail_comm.allgather(rank)), host_size)
     return layout, node_comm, rail_comm
 
 

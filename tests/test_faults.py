@@ -119,6 +119,15 @@ def test_mismatched_calls_raise_on_every_rank_and_the_next_call_works(local_size
 MISMATCH_LAYOUTS = [(3, None), (3, 1), (4, 2), (4, 1)]
 
 
+@pytest.mark.parametrize("nprocs,local_size", [(2, None), (2, 1), (4, 2), (3, None)],
+                         ids=["1x2", "2x1", "2x2", "1x3"])
+def test_a_call_one_rank_refuses_fails_on_every_rank(nprocs, local_size):
+    """x must be writable only where it receives: a refusal there used to leave the others' call to pair
+    with the refusing rank's next call (a reduce then returned x1 + y0, no error)."""
+    env = {"HFR_LOCAL_SIZE": str(local_size)} if local_size else None
+    assert "refusal ok" in run_mpi(nprocs, "faults_worker.py", "refusal", env=env, timeout=60).stdout
+
+
 @pytest.mark.parametrize("nprocs,local_size", MISMATCH_LAYOUTS, ids=[f"{n}ranks-local{l}" for n, l in MISMATCH_LAYOUTS])
 def test_calls_after_mismatches_are_right_on_every_layout(nprocs, local_size):
     env = {"HFR_LOCAL_SIZE": str(local_size)} if local_size else {}

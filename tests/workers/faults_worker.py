@@ -3,12 +3,15 @@
 mismatch  ranks call with different count, dtype, op, root or collective: MismatchError on every
           rank, naming the field and the ranks; the next matched call works. A reduce_scatter or
           allgather whose sizes are not n x k raises ValueError on every rank, arrays untouched.
+refusal   a check that holds on some ranks only (x writable where it receives: the root of reduce, the
+          non-roots of broadcast), and a bad argument on one rank only, blocking and behind async calls:
+          the refusing rank raises its error, the others MismatchError naming it; the next call is right.
 rounds    argv[2] rounds of a mismatch (a whole node differing, or one rank) then a matched call that
           one rank joins late, every element checked: the call after a failure is where state bugs hide.
           With argv[3], that rank runs every call through the engine's Python loop, the others in C;
           with FAULT_ARRAY=cupy on CuPy arrays (tests/test_cupy.py).
 timeout   the last rank never calls argv[2] (allreduce by default): the others get HFRTimeoutError within the timeout plus a few
-          seconds, and the communicator then refuses calls with HFRError; every rank exits. With argv[2]
+          seconds, naming the last rank (across nodes too), and the communicator then refuses calls with HFRError; every rank exits. With argv[2]
           "rail" (nodes of one rank) the last rank calls allreduce but leaves out its step on the rail
           after the call check's vote: the others time out in that step (in C), naming it; with "vote",
           a call small enough to send its data with the vote, the last rank leaves out the vote itself.
@@ -67,6 +70,39 @@ if scenario == "mismatch":
     assert np.array_equal(gathered, before) and np.array_equal(ones, np.ones(8, np.float32))
     y = comm.allreduce(x.copy())
     assert np.array_equal(y, np.arange(1000, dtype=np.float32) * size + sum(range(size)))
+    comm.close()
+elif scenario == "refusal":
+    def expect_refused(call, error_type, fragment):
+        try:
+            call()
+        except hfr.MismatchError as error:
+            assert rank != last and f"ranks [{last}] refused the call" in str(error), str(error)
+        except error_type as error:
+            assert rank == last and fragment in str(error), str(error)
+        else:
+            raise AssertionError(f"rank {rank}: the call went through")
+
+    read_only = np.full(10, 100, np.float32)
+    read_only.flags.writeable = False
+    want = np.arange(10, dtype=np.float32) * size + size * (size - 1) / 2
+    for _ in range(2):
+        expect_refused(lambda: comm.reduce(read_only, root=last), ValueError, "x is read-only")
+        y = np.arange(10, dtype=np.float32) + rank
+        assert comm.reduce(y, root=last) is y and np.array_equal(y, want if rank == last else want * 0 + y), y
+        writable = np.full(10, 100, np.float32)  # read-only on the last rank alone, which receives
+        expect_refused(lambda: comm.broadcast(read_only if rank == last else writable, root=0), ValueError, "read-only")
+        assert (writable == 100).all(), writable
+        y = np.arange(10, dtype=np.float32) + rank
+        assert np.array_equal(comm.broadcast(y, root=0), np.arange(10, dtype=np.float32)), y
+    # a bad argument on one rank, behind async calls: it takes its turn after them
+    works = [comm.allreduce_async(np.ones(4096, np.float32) * (i + rank)) for i in range(3)]
+    expect_refused(lambda: comm.allreduce_async([1.0] if rank == last else np.ones(10, np.float32)).wait(),
+                   TypeError, "numpy.ndarray or cupy.ndarray")
+    for i, work in enumerate(works):
+        assert (work.wait() == i * size + size * (size - 1) / 2).all()
+    y = np.arange(10, dtype=np.float32) + rank
+    assert np.array_equal(comm.allreduce(y), want), y
+    print("refusal ok", flush=True)
     comm.close()
 elif scenario == "rounds":
     layout = f"{comm.nnodes} x {comm.local_size}"
@@ -130,8 +166,7 @@ elif scenario == "timeout":
                 assert "allreduce (halving) timed out waiting for" in str(error), str(error)
             elif collective == "vote":
                 assert "the call check's vote timed out waiting for" in str(error), str(error)
-            else:
-                assert f"[{last}]" in str(error) or "waited" in str(error), str(error)
+            assert f"ranks [{last}]" in str(error), str(error)  # the rank that never came, also across nodes
         else:
             raise AssertionError("no HFRTimeoutError")
         try:
