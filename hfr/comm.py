@@ -10,7 +10,7 @@ from typing import Any, Optional, Union
 import numpy as np
 from mpi4py import MPI
 
-from . import kernels, settings, topology
+from . import internode, kernels, settings, topology
 from .arrays import check_out, check_shards, inspect
 from .copies import caller_ready
 from .engine import Call, Engine
@@ -64,24 +64,27 @@ class Communicator:
         # two partials, and only the same kernels promise the same bits.
         _agree_on_settings(comm, problem, {"chunk_bytes": chunk, "HFR_ALGO": algo, "local_size": wanted,
                                            "HFR_KERNEL": kernel}, wait)
-        self._comm = comm.Dup()
-        try:
-            self._layout, node_comm, rail_comm = topology.split(self._comm, local_size)
-        except BaseException:
-            self._comm.Free()
-            raise
         self._device: Optional[int] = None  # the CUDA device of the first CUDA array; every later one's
         self._engine: Optional[Engine] = None
         self._front = None  # the engine's, for the blocking allreduce
-        self._closing = threading.Lock()
-        if self._layout.size > 1:
-            self._engine = Engine(self._comm, self._layout, node_comm, rail_comm, chunk_bytes=chunk, timeout=wait,
-                                  threads=settings.threads(self._layout.host_size), algo=algo)
-            self._front = self._engine.front
-        else:
-            node_comm.Free()
-            rail_comm.Free()
+        self._closing = threading.RLock()  # re-entered by a signal handler's close() during close()
         self.chunk_bytes, self.timeout = chunk, wait
+        try:
+            self._comm = comm.Dup()
+            try:
+                self._layout, node_comm, rail_comm = topology.split(self._comm, local_size)
+            except BaseException:
+                self._comm.Free()
+                raise
+            if self._layout.size > 1:
+                self._engine = Engine(self._comm, self._layout, node_comm, rail_comm, chunk_bytes=chunk, timeout=wait,
+                                      threads=settings.threads(self._layout.host_size), algo=algo)
+                self._front = self._engine.front
+            else:
+                node_comm.Free()
+                rail_comm.Free()
+        except MPI.Exception as error:  # MPI's own failure (no memory for the window, ...): an HFRError, as in calls
+            raise HFRError(f"rank {comm.Get_rank()}: MPI failed while making the hfr.Communicator: {error}") from error
 
     # --- layout ------------------------------------------------------------------------------
     rank = property(lambda self: self._layout.rank, doc="This rank in comm.")
@@ -146,16 +149,18 @@ class Communicator:
     def close(self) -> None:
         """Finish the calls in flight and free everything (collective). Closing twice is harmless.
 
-        Calls made after close() begins raise HFRError. After a failure (a timeout, a dead peer) on
-        any rank of the node, or when a peer does not close within the timeout, nothing collective is
-        attempted: the process can exit."""
+        Calls made after close() begins raise HFRError; so does a call admitted before it whose turn
+        comes after. Blocking calls running on other threads are waited for at most the timeout. After
+        a failure (a timeout, a dead peer) on any rank of the node, or when a peer does not close within
+        the timeout, nothing collective is attempted: the process can exit. Called by a signal handler
+        that interrupted a call of its thread, it cancels that call (which then raises HFRError) and
+        returns at once."""
         with self._closing:
-            if self.closed:
+            comm, self._comm = self._comm, None
+            if comm is None:
                 return
             if self._engine is not None:
                 self._engine.front.close()  # the front's calls too are refused from here on
-            comm, self._comm = self._comm, None
-            if self._engine is not None:
                 if not self._engine.close():
                     return
                 self._engine.node_comm.Free()
@@ -245,7 +250,6 @@ class Communicator:
 
 
 SETTINGS_RECORD_BYTES = 4096  # one rank's settings (or its error, cut to 500 characters) as UTF-8 JSON
-_ABANDONED_AGREEMENTS: list = []  # (request, buffers) of agreements that timed out: MPI may still write there
 
 
 def _agree_on_settings(comm: MPI.Intracomm, problem: Optional[BaseException], mine: dict, timeout: float) -> None:
@@ -260,13 +264,16 @@ def _agree_on_settings(comm: MPI.Intracomm, problem: Optional[BaseException], mi
     table = np.zeros((comm.Get_size(), SETTINGS_RECORD_BYTES), np.uint8)
     request = comm.Iallgather(send, table)
     deadline, pause = time.monotonic() + timeout, 0.0
-    while not request.Test():
-        if time.monotonic() > deadline:
-            _ABANDONED_AGREEMENTS.append((request, send, table))
-            raise HFRTimeoutError(f"rank {comm.Get_rank()} waited {timeout:g} s for every rank of the communicator "
-                                  f"to make its hfr.Communicator (its first call): some rank never came")
-        pause = min(max(pause * 2, 20e-6), 1e-3)
-        time.sleep(pause)
+    try:
+        while not request.Test():
+            if time.monotonic() > deadline:
+                raise HFRTimeoutError(f"rank {comm.Get_rank()} waited {timeout:g} s for every rank of the communicator "
+                                      f"to make its hfr.Communicator (its first call): some rank never came")
+            pause = min(max(pause * 2, 20e-6), 1e-3)
+            time.sleep(pause)
+    except BaseException:  # the timeout, Ctrl-C: MPI may still write into the buffers
+        internode.keep_for_good(request, send, table)
+        raise
     records = [json.loads(bytes(row).rstrip(b"\0")) for row in table]
     if problem is not None:
         raise problem

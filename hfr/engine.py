@@ -653,7 +653,8 @@ class Engine:
     def _raise_mismatch(self, mine: list[int]) -> None:
         """Gather every rank's descriptor and raise MismatchError naming what differs (every rank calls it)."""
         table = np.empty((self.layout.size, len(mine)), np.int64)
-        self._complete(self.comm.Iallgather(np.array(mine, np.int64), table), "the call check")
+        descriptor = np.array(mine, np.int64)
+        self._complete(self.comm.Iallgather(descriptor, table), "the call check", descriptor, table)
         raise MismatchError(describe_mismatch(table))
 
     # --- waiting -------------------------------------------------------------------------------
@@ -682,8 +683,14 @@ class Engine:
         self.segment.sync()
         return [self.layout.node_ranks[j] for j in np.flatnonzero(self.segment.control[:, column] < target)]
 
-    def _complete(self, request: MPI.Request, what: str) -> None:
-        self._wait(request.Test, what)
+    def _complete(self, request: MPI.Request, what: str, *buffers: np.ndarray) -> None:
+        """Wait for request; if the wait ends first (the timeout, Ctrl-C), request and buffers are kept for
+        good: MPI may still write there."""
+        try:
+            self._wait(request.Test, what)
+        except BaseException:
+            internode.keep_for_good(request, *buffers)
+            raise
 
     def _retire_copies_out(self) -> bool:
         """Publish CONSUMED for the copies out that have finished, in order; True if some remain."""

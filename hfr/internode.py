@@ -59,7 +59,7 @@ from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "VoteRecord", "doubling", "stopped", "abandon",
-           "choose_algo", "report_absent", "reported_absent", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
+           "keep_for_good", "choose_algo", "report_absent", "reported_absent", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
            "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
 
@@ -316,6 +316,11 @@ def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
     raise error
 
 
+def keep_for_good(*objects) -> None:
+    """Keep what MPI may still use (a request no one completes, its buffers) alive for good."""
+    _ABANDONED.append(objects)
+
+
 def abandon(*schedules) -> None:
     """Cancel the receives the schedules (None: none) still have posted and keep them for good."""
     for schedule in schedules:
@@ -338,7 +343,7 @@ def report_absent(rail: MPI.Comm, ranks: list[int], room: int) -> None:
     message[: len(ranks)] = ranks
     for peer in range(rail.Get_size()):
         if peer != rail.Get_rank():
-            _ABANDONED.append((rail.Isend(message, peer, _ABSENT_TAG), message))  # no one may ever receive it
+            keep_for_good(rail.Isend(message, peer, _ABSENT_TAG), message)  # no one may ever receive it
 
 
 def reported_absent(rail: MPI.Comm, peers: list[int], room: int, grace: float) -> dict[int, list[int]]:

@@ -90,6 +90,18 @@ def test_closed_communicator_refuses_calls():
         c.allreduce(poisoned())
 
 
+def test_mpi_failing_while_a_communicator_is_made_is_an_hfr_error(monkeypatch):
+    from mpi4py import MPI
+
+    def no_memory(*args):
+        raise MPI.Exception(MPI.ERR_NO_MEM)
+
+    monkeypatch.setattr(hfr.comm.topology, "split", no_memory)
+    with pytest.raises(hfr.HFRError, match="MPI failed while making the hfr.Communicator") as caught:
+        hfr.Communicator(MPI.COMM_SELF)
+    assert isinstance(caught.value.__cause__, MPI.Exception)
+
+
 def test_bad_settings_are_named(monkeypatch):
     from mpi4py import MPI
 

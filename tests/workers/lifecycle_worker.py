@@ -12,7 +12,8 @@ foreign   a failure that is not hfr's (MemoryError in the kernel) reaches Work.w
           whose __cause__ is the original; the communicator then refuses calls. On one node it fails a
           whole call, which the others finish right (their next call times out).
 race      a call that passed its checks just before close() ran is refused (HFRError), never "done"
-          with the caller's own input; so is a call made while close() runs.
+          with the caller's own input; so is a call made while close() runs; a call counted in and
+          never out (Ctrl-C at the wrong moment) holds close() up for the timeout at most.
 interrupt a signal handler that raises (Ctrl-C's KeyboardInterrupt) during a call waiting in C for a
           peer that never comes ends the call at once with that exception, not after the timeout.
 held      the same while a call admitted to run on its caller's thread waits for the running lock
@@ -147,6 +148,13 @@ elif scenario == "race":
     comm._engine.close = close_after_a_late_call
     comm.close()
     assert late and (x == 1).all(), x
+    # A call counted in but never counted out (as Ctrl-C between admission and the call's own cleanup
+    # would leave it): close() gives up on it after the timeout, without the collective free
+    comm = hfr.Communicator(world, timeout=TIMEOUT)
+    comm._engine.front.admit(False)
+    start = time.monotonic()
+    comm.close()
+    assert time.monotonic() - start < TIMEOUT + 1, time.monotonic() - start
     done()
 elif scenario == "inflight":
     comm = hfr.Communicator(world, timeout=TIMEOUT)
