@@ -190,6 +190,8 @@ class Engine:
             self.run(Call(collective, nothing, nothing, Op.SUM, 0, None, None, refused=True))
         except MismatchError:
             pass  # the peers made a real call: they are told, and error is this rank's answer
+        except HFRError:
+            raise error  # with the HFRError as its context
 
     def _enqueue(self, call: Call) -> Work:
         """Queue an admitted call (undoing its admission if that fails)."""
