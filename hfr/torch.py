@@ -18,17 +18,18 @@ Tensors themselves need nothing from this module: hfr.allreduce(tensor) works on
 import atexit
 import queue
 import threading
+import time
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
-from torch._C._distributed_c10d import _create_work_from_future
 
 from . import default_communicator
 from .arrays import inspect
 from .comm import Communicator
+from .errors import HFRTimeoutError
 from .ops import Op
 from .rendezvous import store_address
 from .work import Work
@@ -91,6 +92,51 @@ def _future_of(works: list[Work], result: Callable[[], Any], device: torch.devic
     return future
 
 
+class _Work(dist.Work):
+    """The backend's Work: done when its future is, which carries the call's result or failure.
+    wait(), get_future().wait(), exception() and is_success() all report a failure (the Work that torch
+    makes of a future, _create_work_from_future, reports a failed future as a success and hands its
+    exception over as the result)."""
+
+    def __init__(self, future: torch.futures.Future):
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Block until the call has finished; re-raise its failure. With a timeout (0: none), raise
+        hfr.HFRTimeoutError if it has not finished by then (the call goes on). For CUDA tensors the
+        caller's current streams then wait for the result, as with a future's wait()."""
+        if timeout:
+            deadline = time.monotonic() + timeout.total_seconds()
+            while not self._future.done():
+                if time.monotonic() > deadline:
+                    raise HFRTimeoutError(f"the hfr collective has not finished after {timeout.total_seconds()} s")
+                time.sleep(1e-3)
+        self._future.wait()
+        return True
+
+    synchronize = wait
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def exception(self) -> Optional[BaseException]:
+        """The call's failure, None while it has not failed."""
+        if self._future.done():
+            try:
+                self._future.value()
+            except BaseException as error:
+                return error
+        return None
+
+    def is_success(self) -> bool:
+        """False once the call has failed (True before it finishes, as torch's Works say)."""
+        return self.exception() is None
+
+
 # ------------------------------------------------------------------------------------- the backend
 # torch's reduce ops that hfr does; the others (BAND, BOR, BXOR, PREMUL_SUM) go to the gloo group.
 _OPS = [(dist.ReduceOp.SUM, Op.SUM), (dist.ReduceOp.AVG, Op.AVG), (dist.ReduceOp.MAX, Op.MAX),
@@ -114,9 +160,10 @@ class ProcessGroupHFR(dist.ProcessGroup):
     hfr.Communicator over the group's MPI ranks; everything else through a gloo group of the same ranks.
 
     Every call returns at once with a Work that completes once the data is in place (wait() blocks the
-    host until then; get_future() gives the tensors, as gloo's Works do). Tensors must be contiguous,
-    of a dtype hfr reduces, on the CPU or on one CUDA device: others raise TypeError/ValueError on the
-    calling rank, before anything is modified."""
+    host until then; get_future() gives the tensors, as gloo's Works do); a failed call (ranks that
+    disagree, a peer that never comes) raises from wait(), from its future and from the blocking dist.*
+    calls, on every rank. Tensors must be contiguous, of a dtype hfr reduces, on the CPU or on one CUDA
+    device: others raise TypeError/ValueError on the calling rank, before anything is modified."""
 
     def __init__(self, comm: MPI.Intracomm, store: dist.Store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
@@ -249,7 +296,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
     @staticmethod
     def _work(works: list[Work], result: Callable[[], Any], tensors: list[torch.Tensor]) -> dist.Work:
         device = tensors[0].device if tensors else torch.device("cpu")
-        return _create_work_from_future(_future_of(works, result, device))
+        return _Work(_future_of(works, result, device))
 
 
 def _to_gloo(name: str) -> Callable:
