@@ -19,6 +19,7 @@ import atexit
 import queue
 import threading
 import time
+import weakref
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
@@ -58,38 +59,67 @@ def _reduce_bucket(state: Optional[Communicator], bucket: dist.GradBucket, op: O
         raise TypeError(f"the hook's state must be an hfr.Communicator or None, got {type(state).__name__}")
     comm = default_communicator() if state is None else state
     buffer = bucket.buffer()
-    return _future_of([comm.allreduce_async(buffer, op)], lambda: buffer, buffer.device)
+    return _hook_completer(comm).future([comm.allreduce_async(buffer, op)], lambda: buffer, buffer.device)
 
 
-# Futures are completed by one thread of this module, in the order their calls were made (the Works of
-# one Communicator finish in that order), never by hfr's progress thread: callbacks chained on a future
-# run where it is completed, and one that waited for hfr there would stall every call.
-_pending: queue.SimpleQueue[tuple[list[Work], Callable[[], Any], torch.futures.Future]] = queue.SimpleQueue()
+# A call in a completer's queue: its hfr Works, what its future gets once they have finished, the future.
+_Pending = tuple[list[Work], Callable[[], Any], torch.futures.Future]
 
 
-def _complete_futures() -> None:
-    while True:
-        works, result, future = _pending.get()
-        try:
-            for work in works:
-                work.wait()
-            value = result()
-        except BaseException as error:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
+class _Completer:
+    """A thread that completes the torch futures of one Communicator's calls, in the order the calls were
+    made (the order a Communicator's Works finish in). One per Communicator, so that no call waits behind
+    another communicator's; never hfr's progress thread: callbacks chained on a future run where it is
+    completed, and one that waited for hfr there would stall every call."""
+
+    def __init__(self) -> None:
+        self._pending: queue.SimpleQueue[Optional[_Pending]] = queue.SimpleQueue()  # None: stop
+        self._thread = threading.Thread(target=self._complete, name="hfr-torch-futures", daemon=True)
+        self._thread.start()
+
+    def future(self, works: list[Work], result: Callable[[], Any], device: torch.device) -> torch.futures.Future:
+        """A future that gets result() once every one of works has finished, or their first failure (on
+        this thread, which runs result() too: CUDA work it queues is on this thread's current stream,
+        which the future records)."""
+        future = torch.futures.Future(devices=[device] if device.type == "cuda" else None)
+        self._pending.put((works, result, future))
+        return future
+
+    def stop(self) -> None:
+        """End the thread once the futures already asked for are completed."""
+        self._pending.put(None)
+
+    def close(self) -> None:
+        """stop(), and wait for that."""
+        self.stop()
+        self._thread.join()
+
+    def _complete(self) -> None:
+        while (item := self._pending.get()) is not None:
+            works, result, future = item
+            try:
+                for work in works:
+                    work.wait()
+                value = result()
+            except BaseException as error:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
 
 
-threading.Thread(target=_complete_futures, name="hfr-torch-futures", daemon=True).start()
+_hook_completers: weakref.WeakKeyDictionary[Communicator, _Completer] = weakref.WeakKeyDictionary()
+_hook_completers_lock = threading.Lock()
 
 
-def _future_of(works: list[Work], result: Callable[[], Any], device: torch.device) -> torch.futures.Future:
-    """A future that gets result() once every one of works has finished (on this module's thread,
-    which runs result() too: CUDA work it queues is on that thread's current stream, which the future
-    records)."""
-    future = torch.futures.Future(devices=[device] if device.type == "cuda" else None)
-    _pending.put((works, result, future))
-    return future
+def _hook_completer(comm: Communicator) -> _Completer:
+    """The completer of the hooks' futures on comm, started on its first bucket; its thread ends once comm
+    is gone."""
+    with _hook_completers_lock:
+        completer = _hook_completers.get(comm)
+        if completer is None:
+            completer = _hook_completers[comm] = _Completer()
+            weakref.finalize(comm, completer.stop)
+        return completer
 
 
 class _Work(dist.Work):
@@ -162,8 +192,11 @@ class ProcessGroupHFR(dist.ProcessGroup):
     Every call returns at once with a Work that completes once the data is in place (wait() blocks the
     host until then; get_future() gives the tensors, as gloo's Works do); a failed call (ranks that
     disagree, a peer that never comes) raises from wait(), from its future and from the blocking dist.*
-    calls, on every rank. Tensors must be contiguous, of a dtype hfr reduces, on the CPU or on one CUDA
-    device: others raise TypeError/ValueError on the calling rank, before anything is modified."""
+    calls, on every rank. The group's calls complete independently of other groups'. Tensors must be
+    contiguous, of a dtype hfr reduces, on the CPU or on one CUDA device: others raise
+    TypeError/ValueError on the calling rank, before anything is modified.
+
+    destroy_process_group closes the group (shutdown()); one never destroyed is closed at exit."""
 
     def __init__(self, comm: MPI.Intracomm, store: dist.Store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
@@ -171,7 +204,8 @@ class ProcessGroupHFR(dist.ProcessGroup):
             raise ValueError(f"torch rank {rank} of {size} is MPI rank {comm.rank} of {comm.size}: set torch.distributed "
                              f"up with hfr.torch.init_process_group, whose ranks are MPI's")
         self.hfr = Communicator(comm)
-        atexit.register(self.hfr.close)
+        self._completer = _Completer()
+        atexit.register(self.shutdown)
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("hfr-gloo", store), rank, size, timeout)
         self.gloo = dist.ProcessGroup(store, rank, size)
         self.gloo._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
@@ -187,6 +221,14 @@ class ProcessGroupHFR(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"<ProcessGroupHFR rank {self.rank()}/{self.size()}>"
+
+    def shutdown(self) -> None:
+        """Finish the calls in flight, then free the group's hfr.Communicator, its thread and its gloo
+        backend (collective over the group's ranks, as hfr.Communicator.close is). Harmless twice."""
+        atexit.unregister(self.shutdown)
+        self._completer.close()
+        self.hfr.close()
+        super().shutdown()
 
     # --- what hfr does ---------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -293,10 +335,9 @@ class ProcessGroupHFR(dist.ProcessGroup):
                 raise ValueError(f"each {name} list must hold {self.size()} tensors of shape {tuple(single.shape)} and "
                                  f"dtype {single.dtype}, got {[(tuple(t.shape), t.dtype) for t in ts]}")
 
-    @staticmethod
-    def _work(works: list[Work], result: Callable[[], Any], tensors: list[torch.Tensor]) -> dist.Work:
+    def _work(self, works: list[Work], result: Callable[[], Any], tensors: list[torch.Tensor]) -> dist.Work:
         device = tensors[0].device if tensors else torch.device("cpu")
-        return _Work(_future_of(works, result, device))
+        return _Work(self._completer.future(works, result, device))
 
 
 def _to_gloo(name: str) -> Callable:
@@ -323,7 +364,11 @@ def _create(options: Any, _pg_options: Any) -> ProcessGroupHFR:
         group = _world.Get_group().Incl(ranks)
         comm = _world.Create_group(group)
         group.Free()
-    return ProcessGroupHFR(comm, options.store, options.group_rank, options.group_size, options.timeout)
+    try:
+        return ProcessGroupHFR(comm, options.store, options.group_rank, options.group_size, options.timeout)
+    finally:
+        if comm is not _world:
+            comm.Free()  # the group's hfr.Communicator works on a Dup of it
 
 
 dist.Backend.register_backend("hfr", _create, extended_api=True, devices=["cpu", "cuda"])

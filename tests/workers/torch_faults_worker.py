@@ -7,9 +7,14 @@ tests/test_torch.py.
     torch_faults_worker.py timeout      (2 ranks, HFR_TIMEOUT=3) rank 1 never calls on three groups: rank 0's
                         dist.all_reduce, work.wait() and future raise a timeout, then each group's next call
                         raises; every rank exits
+    torch_faults_worker.py lifecycle    (3 ranks) 4 cycles of init, groups A = {0, 1} and B = {0, 2} where
+                        rank 0's blocking call on B must not wait for its call on A (rank 1 joins A only after
+                        it), the groups destroyed, then the whole; threads and /dev/shm mappings the same
+                        after cycle 1 and cycle 4
 
 Prints "torch <mode> ok" on rank 0; any failure raises, and mpi4py's runner aborts the job.
 """
+import gc
 import os
 import sys
 import time
@@ -129,6 +134,57 @@ def check_timeout() -> None:
     dist.destroy_process_group()
 
 
+def usage() -> dict:
+    """This process's threads and its mappings of /dev/shm files."""
+    files, mapped = set(), 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5].startswith("/dev/shm/"):
+                begin, end = (int(a, 16) for a in fields[0].split("-"))
+                files.add(fields[5])
+                mapped += end - begin
+    return {"threads": len(os.listdir("/proc/self/task")), "shm_files": len(files), "shm_mapped": mapped}
+
+
+def check_lifecycle() -> None:
+    assert size == 3, "lifecycle runs on 3 ranks"
+    before, seen = usage(), []
+    for cycle in range(4):
+        hfr.torch.init_process_group("hfr")
+        a, b = dist.new_group([0, 1], backend="hfr"), dist.new_group([0, 2], backend="hfr")
+        if rank == 0:
+            xa, xb = values(COUNT, 0), values(COUNT, 0)
+            on_a = dist.all_reduce(xa, group=a, async_op=True)  # rank 1 comes only when told, after B's call
+            start = time.monotonic()
+            dist.all_reduce(xb, group=b)
+            took = time.monotonic() - start
+            assert took < 5, f"cycle {cycle}: a blocking call on B waited {took:.1f} s for a call on A"
+            assert_right(xb, [0, 2], "B's call")
+            world.send("join A", dest=1)
+            on_a.wait()
+            assert_right(xa, [0, 1], "A's call")
+        elif rank == 1:
+            world.recv(source=0)
+            x = values(COUNT, 1)
+            dist.all_reduce(x, group=a)
+            assert_right(x, [0, 1], "A's call")
+        else:
+            x = values(COUNT, 2)
+            dist.all_reduce(x, group=b)
+            assert_right(x, [0, 2], "B's call")
+        x = values(COUNT, rank)
+        dist.all_reduce(x)
+        assert_right(x, [0, 1, 2], "the whole group's call")
+        for group in (a, b):
+            dist.destroy_process_group(group)
+        dist.destroy_process_group()
+        gc.collect()
+        seen.append(usage())
+    print(f"rank {rank} before: {before}, after each cycle: {seen}", flush=True)
+    assert seen[-1] == seen[0], f"init/destroy cycles leak: {seen}"
+
+
 def main() -> None:
     mode = sys.argv[1]
     if mode == "mismatch":
@@ -138,7 +194,7 @@ def main() -> None:
             torch.cuda.set_device(device)
         check_mismatch(device)
     else:
-        check_timeout()
+        {"timeout": check_timeout, "lifecycle": check_lifecycle}[mode]()
     world.Barrier()
     if rank == 0:
         print(f"torch {mode} ok")
