@@ -16,7 +16,10 @@ Tensors themselves need nothing from this module: hfr.allreduce(tensor) works on
 """
 # No `from __future__ import annotations`: DDP compares the hooks' annotations with the real types.
 import atexit
+import os
 import queue
+import shlex
+import sys
 import threading
 import time
 import weakref
@@ -30,7 +33,7 @@ from mpi4py import MPI
 from . import default_communicator
 from .arrays import inspect
 from .comm import Communicator
-from .errors import HFRTimeoutError
+from .errors import HFRError, HFRTimeoutError
 from .ops import Op
 from .rendezvous import store_address
 from .work import Work
@@ -357,6 +360,7 @@ for _name in _TO_GLOO:
 def _create(options: Any, _pg_options: Any) -> ProcessGroupHFR:
     """torch's backend creator (extended API): the group's MPI communicator is the ranks of _world
     that torch lists for it."""
+    _refuse_torch_launcher()
     ranks = list(options.global_ranks_in_group)
     if ranks == list(range(_world.size)) or not ranks:
         comm = _world
@@ -374,12 +378,26 @@ def _create(options: Any, _pg_options: Any) -> ProcessGroupHFR:
 dist.Backend.register_backend("hfr", _create, extended_api=True, devices=["cpu", "cuda"])
 
 
+def _refuse_torch_launcher() -> None:
+    """HFRError when torch's launcher (torchrun: WORLD_SIZE, RANK, LOCAL_RANK) started this process as one
+    of several while MPI's world is this process alone: hfr's ranks are MPI's, and each such process
+    would wait forever as rank 0 of 1."""
+    torch_size = os.environ.get("WORLD_SIZE", "")
+    torch_rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK"))
+    if torch_size.isdigit() and int(torch_size) > 1 and torch_rank is not None and MPI.COMM_WORLD.Get_size() == 1:
+        command = shlex.join(["mpiexec", "-n", torch_size, "python", *sys.argv])
+        raise HFRError(f"torch's launcher (torchrun) made this process rank {torch_rank} of {torch_size} (WORLD_SIZE, "
+                       f"RANK), but MPI's world holds this process alone: hfr's ranks are MPI's, so hfr needs an "
+                       f"MPI launcher (mpirun, mpiexec, or srun with PMI) to start the job, e.g. `{command}`")
+
+
 def init_process_group(backend: str = "gloo", comm: Optional[MPI.Intracomm] = None, **kwargs) -> None:
     """torch.distributed.init_process_group on the ranks of comm (default MPI.COMM_WORLD), torch rank =
     MPI rank, no MASTER_ADDR needed: the store is on rank 0 at an address every rank reaches
     (hfr.rendezvous, which also points gloo at that network). backend "hfr" is hfr's (ProcessGroupHFR);
     kwargs go to torch.distributed.init_process_group."""
     global _world
+    _refuse_torch_launcher()
     comm = MPI.COMM_WORLD if comm is None else comm
     _world = comm
     host, port = store_address(comm)

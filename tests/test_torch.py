@@ -86,3 +86,9 @@ def test_backend_groups_independent_and_freed():
     groups destroyed leave threads and /dev/shm mappings as after the first."""
     out = run_mpi(3, "torch_faults_worker.py", "lifecycle", env={"HFR_TIMEOUT": "10"}, timeout=120).stdout
     assert "torch lifecycle ok" in out
+
+
+def test_torchrun_launch_refused():
+    """WORLD_SIZE=2 RANK=0 (torchrun's) in a one-rank MPI job: init raises at once, naming MPI launchers."""
+    env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    assert "torch torchrun ok" in run_mpi(1, "torch_faults_worker.py", "torchrun", env=env, timeout=60).stdout

@@ -11,6 +11,8 @@ tests/test_torch.py.
                         rank 0's blocking call on B must not wait for its call on A (rank 1 joins A only after
                         it), the groups destroyed, then the whole; threads and /dev/shm mappings the same
                         after cycle 1 and cycle 4
+    torch_faults_worker.py torchrun     (1 rank, WORLD_SIZE=2 RANK=0 set as torchrun does) init refused at
+                        once, naming MPI launchers
 
 Prints "torch <mode> ok" on rank 0; any failure raises, and mpi4py's runner aborts the job.
 """
@@ -185,6 +187,18 @@ def check_lifecycle() -> None:
     assert seen[-1] == seen[0], f"init/destroy cycles leak: {seen}"
 
 
+def check_torchrun() -> None:
+    """The job is one MPI rank that torchrun's variables call rank 0 of 2."""
+    assert size == 1 and os.environ["WORLD_SIZE"] == "2"
+    start = time.monotonic()
+    for how, init in [("hfr.torch.init_process_group", lambda: hfr.torch.init_process_group("hfr")),
+                      ("the backend's creator", lambda: dist.init_process_group("hfr", store=dist.HashStore(), rank=0,
+                                                                                   world_size=2))]:
+        error = raises(init, hfr.HFRError, "needs an MPI launcher", how)
+        assert "mpirun" in str(error) and "mpiexec -n 2 python" in str(error), error
+    assert time.monotonic() - start < 5
+
+
 def main() -> None:
     mode = sys.argv[1]
     if mode == "mismatch":
@@ -194,7 +208,7 @@ def main() -> None:
             torch.cuda.set_device(device)
         check_mismatch(device)
     else:
-        {"timeout": check_timeout, "lifecycle": check_lifecycle}[mode]()
+        {"timeout": check_timeout, "lifecycle": check_lifecycle, "torchrun": check_torchrun}[mode]()
     world.Barrier()
     if rank == 0:
         print(f"torch {mode} ok")
