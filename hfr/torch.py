@@ -197,7 +197,8 @@ class ProcessGroupHFR(dist.ProcessGroup):
     disagree, a peer that never comes) raises from wait(), from its future and from the blocking dist.*
     calls, on every rank. The group's calls complete independently of other groups'. Tensors must be
     contiguous, of a dtype hfr reduces, on the CPU or on one CUDA device: others raise
-    TypeError/ValueError on the calling rank, before anything is modified.
+    TypeError/ValueError on the calling rank, before anything is modified. Tensors that require grad are
+    reduced as gloo does (collectives are not autograd ops), their version counter bumped.
 
     destroy_process_group closes the group (shutdown()); one never destroyed is closed at exit."""
 
@@ -239,7 +240,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
         if op is None:
             return self.gloo.allreduce(tensors, opts)
         self._check(tensors)
-        return self._work([self.hfr.allreduce_async(t, op) for t in tensors], lambda: tensors, tensors)
+        return self._work([self.hfr.allreduce_async(t.detach(), op) for t in tensors], lambda: tensors, tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         return self.allreduce(tensors, opts)
@@ -247,7 +248,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         root = self._root(opts)
         self._check(tensors)
-        return self._work([self.hfr.broadcast_async(t, root) for t in tensors], lambda: tensors, tensors)
+        return self._work([self.hfr.broadcast_async(t.detach(), root) for t in tensors], lambda: tensors, tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = _hfr_op(self._op(opts))
@@ -255,23 +256,25 @@ class ProcessGroupHFR(dist.ProcessGroup):
             return self.gloo.reduce(tensors, opts)
         root = self._root(opts)
         self._check(tensors)
-        return self._work([self.hfr.reduce_async(t, root, op) for t in tensors], lambda: tensors, tensors)
+        return self._work([self.hfr.reduce_async(t.detach(), root, op) for t in tensors], lambda: tensors, tensors)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         self._check([output, input])
-        return self._work([self.hfr.allgather_async(input, output)], lambda: [output], [output])
+        return self._work([self.hfr.allgather_async(input.detach(), output.detach())], lambda: [output], [output])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         op = _hfr_op(self._op(opts))
         if op is None:
             return self.gloo._reduce_scatter_base(output, input, opts)
         self._check([output, input])
-        return self._work([self.hfr.reduce_scatter_async(input, output, op)], lambda: [output], [output])
+        return self._work([self.hfr.reduce_scatter_async(input.detach(), output.detach(), op)], lambda: [output],
+                          [output])
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> dist.Work:
         self._check([*outputs, *inputs])
-        return self._work([self.hfr.allgather_async(i, o) for o, i in zip(outputs, inputs)], lambda: outputs, outputs)
+        works = [self.hfr.allgather_async(i.detach(), o.detach()) for o, i in zip(outputs, inputs)]
+        return self._work(works, lambda: outputs, outputs)
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
@@ -279,7 +282,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
         if op is None:
             raise ValueError(f"hfr's backend does not do coalesced reduce_scatter with {self._op(opts)}")
         self._check([*outputs, *inputs])
-        works = [self.hfr.reduce_scatter_async(i, o, op) for o, i in zip(outputs, inputs)]
+        works = [self.hfr.reduce_scatter_async(i.detach(), o.detach(), op) for o, i in zip(outputs, inputs)]
         return self._work(works, lambda: outputs, outputs)
 
     # torch 2.11 names the flat and coalesced forms so (2.13 keeps them, deprecated)
@@ -293,12 +296,12 @@ class ProcessGroupHFR(dist.ProcessGroup):
         self._check([t for ts in outputs for t in ts] + inputs)
         self._check_lists(outputs, inputs, "output")
         flats = [torch.empty((self.size(), *i.shape), dtype=i.dtype, device=i.device) for i in inputs]
-        works = [self.hfr.allgather_async(i, f) for f, i in zip(flats, inputs)]
+        works = [self.hfr.allgather_async(i.detach(), f) for f, i in zip(flats, inputs)]
 
         def scatter_out() -> list[list[torch.Tensor]]:
             for ts, flat in zip(outputs, flats):
                 for t, part in zip(ts, flat):
-                    t.copy_(part)
+                    t.detach().copy_(part)
             return outputs
 
         return self._work(works, scatter_out, inputs)
@@ -310,8 +313,8 @@ class ProcessGroupHFR(dist.ProcessGroup):
             return self.gloo.reduce_scatter(outputs, inputs, opts)
         self._check(outputs + [t for ts in inputs for t in ts])
         self._check_lists(inputs, outputs, "input")
-        flats = [torch.cat([t.reshape(-1) for t in ts]) for ts in inputs]
-        works = [self.hfr.reduce_scatter_async(f, o, op) for f, o in zip(flats, outputs)]
+        flats = [torch.cat([t.detach().reshape(-1) for t in ts]) for ts in inputs]
+        works = [self.hfr.reduce_scatter_async(f, o.detach(), op) for f, o in zip(flats, outputs)]
         return self._work(works, lambda: outputs, outputs)
 
     def barrier(self, opts: Any = None) -> dist.Work:

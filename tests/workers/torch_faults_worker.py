@@ -3,7 +3,8 @@ tests/test_torch.py.
 
     torch_faults_worker.py mismatch DEVICE  a count mismatch through dist.all_reduce, work.wait(),
                         work.get_future().wait() and a DDP hook's future: every rank raises, then the next
-                        call is right; wait(timeout) on a late peer's call
+                        call is right; wait(timeout) on a late peer's call; all_reduce and reduce of tensors
+                        that require grad are right, as on gloo
     torch_faults_worker.py timeout      (2 ranks, HFR_TIMEOUT=3) rank 1 never calls on three groups: rank 0's
                         dist.all_reduce, work.wait() and future raise a timeout, then each group's next call
                         raises; every rank exits
@@ -111,6 +112,20 @@ def check_mismatch(device: torch.device) -> None:
     work.wait()
     assert_right(x, everyone, "a call waited for with a timeout")
 
+    # Tensors that require grad: gloo reduces them (collectives are not autograd ops), and so does hfr.
+    leaf = values(COUNT, rank, device).requires_grad_()
+    version = leaf._version
+    dist.all_reduce(leaf)
+    assert_right(leaf.detach(), everyone, "all_reduce of a leaf that requires grad")
+    assert leaf._version > version, "the written tensor's version counter was not bumped"
+    for root in range(size):
+        x = values(COUNT, rank, device).requires_grad_()
+        dist.reduce(x, dst=root)
+        if rank == root:
+            assert_right(x.detach(), everyone, f"reduce to {root} of a tensor that requires grad")
+    x = values(COUNT, rank, device)
+    dist.all_reduce(x)
+    assert_right(x, everyone, "all_reduce after those")
     dist.destroy_process_group()
 
 
