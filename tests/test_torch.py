@@ -83,7 +83,7 @@ def test_backend_timeout_raises_then_refuses():
 
 def test_backend_groups_independent_and_freed():
     """Groups {0,1} and {0,2}: a call on one never waits for the other's; 4 init/destroy cycles with
-    groups destroyed leave threads and /dev/shm mappings as after the first."""
+    groups destroyed leave threads and /dev/shm mappings as they were before the first."""
     out = run_mpi(3, "torch_faults_worker.py", "lifecycle", env={"HFR_TIMEOUT": "10"}, timeout=120).stdout
     assert "torch lifecycle ok" in out
 
