@@ -16,19 +16,24 @@ Tensors themselves need nothing from this module: hfr.allreduce(tensor) works on
 """
 # No `from __future__ import annotations`: DDP compares the hooks' annotations with the real types.
 import atexit
+import os
 import queue
+import shlex
+import sys
 import threading
+import time
+import weakref
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
-from torch._C._distributed_c10d import _create_work_from_future
 
 from . import default_communicator
 from .arrays import inspect
 from .comm import Communicator
+from .errors import HFRError, HFRTimeoutError
 from .ops import Op
 from .rendezvous import store_address
 from .work import Work
@@ -57,38 +62,112 @@ def _reduce_bucket(state: Optional[Communicator], bucket: dist.GradBucket, op: O
         raise TypeError(f"the hook's state must be an hfr.Communicator or None, got {type(state).__name__}")
     comm = default_communicator() if state is None else state
     buffer = bucket.buffer()
-    return _future_of([comm.allreduce_async(buffer, op)], lambda: buffer, buffer.device)
+    return _hook_completer(comm).future([comm.allreduce_async(buffer, op)], lambda: buffer, buffer.device)
 
 
-# Futures are completed by one thread of this module, in the order their calls were made (the Works of
-# one Communicator finish in that order), never by hfr's progress thread: callbacks chained on a future
-# run where it is completed, and one that waited for hfr there would stall every call.
-_pending: queue.SimpleQueue[tuple[list[Work], Callable[[], Any], torch.futures.Future]] = queue.SimpleQueue()
+# A call in a completer's queue: its hfr Works, what its future gets once they have finished, the future.
+_Pending = tuple[list[Work], Callable[[], Any], torch.futures.Future]
 
 
-def _complete_futures() -> None:
-    while True:
-        works, result, future = _pending.get()
-        try:
-            for work in works:
-                work.wait()
-            value = result()
-        except BaseException as error:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
+class _Completer:
+    """A thread that completes the torch futures of one Communicator's calls, in the order the calls were
+    made (the order a Communicator's Works finish in). One per Communicator, so that no call waits behind
+    another communicator's; never hfr's progress thread: callbacks chained on a future run where it is
+    completed, and one that waited for hfr there would stall every call."""
+
+    def __init__(self) -> None:
+        self._pending: queue.SimpleQueue[Optional[_Pending]] = queue.SimpleQueue()  # None: stop
+        self._thread = threading.Thread(target=self._complete, name="hfr-torch-futures", daemon=True)
+        self._thread.start()
+
+    def future(self, works: list[Work], result: Callable[[], Any], device: torch.device) -> torch.futures.Future:
+        """A future that gets result() once every one of works has finished, or their first failure (on
+        this thread, which runs result() too: CUDA work it queues is on this thread's current stream,
+        which the future records)."""
+        future = torch.futures.Future(devices=[device] if device.type == "cuda" else None)
+        self._pending.put((works, result, future))
+        return future
+
+    def stop(self) -> None:
+        """End the thread once the futures already asked for are completed."""
+        self._pending.put(None)
+
+    def close(self) -> None:
+        """stop(), and wait for that."""
+        self.stop()
+        self._thread.join()
+
+    def _complete(self) -> None:
+        while (item := self._pending.get()) is not None:
+            works, result, future = item
+            try:
+                for work in works:
+                    work.wait()
+                value = result()
+            except BaseException as error:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
 
 
-threading.Thread(target=_complete_futures, name="hfr-torch-futures", daemon=True).start()
+_hook_completers: weakref.WeakKeyDictionary[Communicator, _Completer] = weakref.WeakKeyDictionary()
+_hook_completers_lock = threading.Lock()
 
 
-def _future_of(works: list[Work], result: Callable[[], Any], device: torch.device) -> torch.futures.Future:
-    """A future that gets result() once every one of works has finished (on this module's thread,
-    which runs result() too: CUDA work it queues is on that thread's current stream, which the future
-    records)."""
-    future = torch.futures.Future(devices=[device] if device.type == "cuda" else None)
-    _pending.put((works, result, future))
-    return future
+def _hook_completer(comm: Communicator) -> _Completer:
+    """The completer of the hooks' futures on comm, started on its first bucket; its thread ends once comm
+    is gone."""
+    with _hook_completers_lock:
+        completer = _hook_completers.get(comm)
+        if completer is None:
+            completer = _hook_completers[comm] = _Completer()
+            weakref.finalize(comm, completer.stop)
+        return completer
+
+
+class _Work(dist.Work):
+    """The backend's Work: done when its future is, which carries the call's result or failure.
+    wait(), get_future().wait(), exception() and is_success() all report a failure (the Work that torch
+    makes of a future, _create_work_from_future, reports a failed future as a success and hands its
+    exception over as the result)."""
+
+    def __init__(self, future: torch.futures.Future):
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Block until the call has finished; re-raise its failure. With a timeout (0: none), raise
+        hfr.HFRTimeoutError if it has not finished by then (the call goes on). For CUDA tensors the
+        caller's current streams then wait for the result, as with a future's wait()."""
+        if timeout:
+            deadline = time.monotonic() + timeout.total_seconds()
+            while not self._future.done():
+                if time.monotonic() > deadline:
+                    raise HFRTimeoutError(f"the hfr collective has not finished after {timeout.total_seconds()} s")
+                time.sleep(1e-3)
+        self._future.wait()
+        return True
+
+    synchronize = wait
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def exception(self) -> Optional[BaseException]:
+        """The call's failure, None while it has not failed."""
+        if self._future.done():
+            try:
+                self._future.value()
+            except BaseException as error:
+                return error
+        return None
+
+    def is_success(self) -> bool:
+        """False once the call has failed (True before it finishes, as torch's Works say)."""
+        return self.exception() is None
 
 
 # ------------------------------------------------------------------------------------- the backend
@@ -114,9 +193,14 @@ class ProcessGroupHFR(dist.ProcessGroup):
     hfr.Communicator over the group's MPI ranks; everything else through a gloo group of the same ranks.
 
     Every call returns at once with a Work that completes once the data is in place (wait() blocks the
-    host until then; get_future() gives the tensors, as gloo's Works do). Tensors must be contiguous,
-    of a dtype hfr reduces, on the CPU or on one CUDA device: others raise TypeError/ValueError on the
-    calling rank, before anything is modified."""
+    host until then; get_future() gives the tensors, as gloo's Works do); a failed call (ranks that
+    disagree, a peer that never comes) raises from wait(), from its future and from the blocking dist.*
+    calls, on every rank. The group's calls complete independently of other groups'. Tensors must be
+    contiguous, of a dtype hfr reduces, on the CPU or on one CUDA device: others raise
+    TypeError/ValueError on the calling rank, before anything is modified. Tensors that require grad are
+    reduced as gloo does (collectives are not autograd ops), their version counter bumped.
+
+    destroy_process_group closes the group (shutdown()); one never destroyed is closed at exit."""
 
     def __init__(self, comm: MPI.Intracomm, store: dist.Store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
@@ -124,7 +208,8 @@ class ProcessGroupHFR(dist.ProcessGroup):
             raise ValueError(f"torch rank {rank} of {size} is MPI rank {comm.rank} of {comm.size}: set torch.distributed "
                              f"up with hfr.torch.init_process_group, whose ranks are MPI's")
         self.hfr = Communicator(comm)
-        atexit.register(self.hfr.close)
+        self._completer = _Completer()
+        atexit.register(self.shutdown)
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("hfr-gloo", store), rank, size, timeout)
         self.gloo = dist.ProcessGroup(store, rank, size)
         self.gloo._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
@@ -141,13 +226,21 @@ class ProcessGroupHFR(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"<ProcessGroupHFR rank {self.rank()}/{self.size()}>"
 
+    def shutdown(self) -> None:
+        """Finish the calls in flight, then free the group's hfr.Communicator, its thread and its gloo
+        backend (collective over the group's ranks, as hfr.Communicator.close is). Harmless twice."""
+        atexit.unregister(self.shutdown)
+        self._completer.close()
+        self.hfr.close()
+        super().shutdown()
+
     # --- what hfr does ---------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = _hfr_op(self._op(opts))
         if op is None:
             return self.gloo.allreduce(tensors, opts)
         self._check(tensors)
-        return self._work([self.hfr.allreduce_async(t, op) for t in tensors], lambda: tensors, tensors)
+        return self._work([self.hfr.allreduce_async(t.detach(), op) for t in tensors], lambda: tensors, tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         return self.allreduce(tensors, opts)
@@ -155,7 +248,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         root = self._root(opts)
         self._check(tensors)
-        return self._work([self.hfr.broadcast_async(t, root) for t in tensors], lambda: tensors, tensors)
+        return self._work([self.hfr.broadcast_async(t.detach(), root) for t in tensors], lambda: tensors, tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = _hfr_op(self._op(opts))
@@ -163,23 +256,25 @@ class ProcessGroupHFR(dist.ProcessGroup):
             return self.gloo.reduce(tensors, opts)
         root = self._root(opts)
         self._check(tensors)
-        return self._work([self.hfr.reduce_async(t, root, op) for t in tensors], lambda: tensors, tensors)
+        return self._work([self.hfr.reduce_async(t.detach(), root, op) for t in tensors], lambda: tensors, tensors)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         self._check([output, input])
-        return self._work([self.hfr.allgather_async(input, output)], lambda: [output], [output])
+        return self._work([self.hfr.allgather_async(input.detach(), output.detach())], lambda: [output], [output])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         op = _hfr_op(self._op(opts))
         if op is None:
             return self.gloo._reduce_scatter_base(output, input, opts)
         self._check([output, input])
-        return self._work([self.hfr.reduce_scatter_async(input, output, op)], lambda: [output], [output])
+        return self._work([self.hfr.reduce_scatter_async(input.detach(), output.detach(), op)], lambda: [output],
+                          [output])
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> dist.Work:
         self._check([*outputs, *inputs])
-        return self._work([self.hfr.allgather_async(i, o) for o, i in zip(outputs, inputs)], lambda: outputs, outputs)
+        works = [self.hfr.allgather_async(i.detach(), o.detach()) for o, i in zip(outputs, inputs)]
+        return self._work(works, lambda: outputs, outputs)
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
@@ -187,7 +282,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
         if op is None:
             raise ValueError(f"hfr's backend does not do coalesced reduce_scatter with {self._op(opts)}")
         self._check([*outputs, *inputs])
-        works = [self.hfr.reduce_scatter_async(i, o, op) for o, i in zip(outputs, inputs)]
+        works = [self.hfr.reduce_scatter_async(i.detach(), o.detach(), op) for o, i in zip(outputs, inputs)]
         return self._work(works, lambda: outputs, outputs)
 
     # torch 2.11 names the flat and coalesced forms so (2.13 keeps them, deprecated)
@@ -201,12 +296,12 @@ class ProcessGroupHFR(dist.ProcessGroup):
         self._check([t for ts in outputs for t in ts] + inputs)
         self._check_lists(outputs, inputs, "output")
         flats = [torch.empty((self.size(), *i.shape), dtype=i.dtype, device=i.device) for i in inputs]
-        works = [self.hfr.allgather_async(i, f) for f, i in zip(flats, inputs)]
+        works = [self.hfr.allgather_async(i.detach(), f) for f, i in zip(flats, inputs)]
 
         def scatter_out() -> list[list[torch.Tensor]]:
             for ts, flat in zip(outputs, flats):
                 for t, part in zip(ts, flat):
-                    t.copy_(part)
+                    t.detach().copy_(part)
             return outputs
 
         return self._work(works, scatter_out, inputs)
@@ -218,8 +313,8 @@ class ProcessGroupHFR(dist.ProcessGroup):
             return self.gloo.reduce_scatter(outputs, inputs, opts)
         self._check(outputs + [t for ts in inputs for t in ts])
         self._check_lists(inputs, outputs, "input")
-        flats = [torch.cat([t.reshape(-1) for t in ts]) for ts in inputs]
-        works = [self.hfr.reduce_scatter_async(f, o, op) for f, o in zip(flats, outputs)]
+        flats = [torch.cat([t.detach().reshape(-1) for t in ts]) for ts in inputs]
+        works = [self.hfr.reduce_scatter_async(f, o.detach(), op) for f, o in zip(flats, outputs)]
         return self._work(works, lambda: outputs, outputs)
 
     def barrier(self, opts: Any = None) -> dist.Work:
@@ -246,10 +341,9 @@ class ProcessGroupHFR(dist.ProcessGroup):
                 raise ValueError(f"each {name} list must hold {self.size()} tensors of shape {tuple(single.shape)} and "
                                  f"dtype {single.dtype}, got {[(tuple(t.shape), t.dtype) for t in ts]}")
 
-    @staticmethod
-    def _work(works: list[Work], result: Callable[[], Any], tensors: list[torch.Tensor]) -> dist.Work:
+    def _work(self, works: list[Work], result: Callable[[], Any], tensors: list[torch.Tensor]) -> dist.Work:
         device = tensors[0].device if tensors else torch.device("cpu")
-        return _create_work_from_future(_future_of(works, result, device))
+        return _Work(self._completer.future(works, result, device))
 
 
 def _to_gloo(name: str) -> Callable:
@@ -269,6 +363,7 @@ for _name in _TO_GLOO:
 def _create(options: Any, _pg_options: Any) -> ProcessGroupHFR:
     """torch's backend creator (extended API): the group's MPI communicator is the ranks of _world
     that torch lists for it."""
+    _refuse_torch_launcher()
     ranks = list(options.global_ranks_in_group)
     if ranks == list(range(_world.size)) or not ranks:
         comm = _world
@@ -276,10 +371,27 @@ def _create(options: Any, _pg_options: Any) -> ProcessGroupHFR:
         group = _world.Get_group().Incl(ranks)
         comm = _world.Create_group(group)
         group.Free()
-    return ProcessGroupHFR(comm, options.store, options.group_rank, options.group_size, options.timeout)
+    try:
+        return ProcessGroupHFR(comm, options.store, options.group_rank, options.group_size, options.timeout)
+    finally:
+        if comm is not _world:
+            comm.Free()  # the group's hfr.Communicator works on a Dup of it
 
 
 dist.Backend.register_backend("hfr", _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def _refuse_torch_launcher() -> None:
+    """HFRError when torch's launcher (torchrun: WORLD_SIZE, RANK, LOCAL_RANK) started this process as one
+    of several while MPI's world is this process alone: hfr's ranks are MPI's, and each such process
+    would wait forever as rank 0 of 1."""
+    torch_size = os.environ.get("WORLD_SIZE", "")
+    torch_rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK"))
+    if torch_size.isdigit() and int(torch_size) > 1 and torch_rank is not None and MPI.COMM_WORLD.Get_size() == 1:
+        command = shlex.join(["mpiexec", "-n", torch_size, "python", *sys.argv])
+        raise HFRError(f"torch's launcher (torchrun) made this process rank {torch_rank} of {torch_size} (WORLD_SIZE, "
+                       f"RANK), but MPI's world holds this process alone: hfr's ranks are MPI's, so hfr needs an "
+                       f"MPI launcher (mpirun, mpiexec, or srun with PMI) to start the job, e.g. `{command}`")
 
 
 def init_process_group(backend: str = "gloo", comm: Optional[MPI.Intracomm] = None, **kwargs) -> None:
@@ -288,6 +400,7 @@ def init_process_group(backend: str = "gloo", comm: Optional[MPI.Intracomm] = No
     (hfr.rendezvous, which also points gloo at that network). backend "hfr" is hfr's (ProcessGroupHFR);
     kwargs go to torch.distributed.init_process_group."""
     global _world
+    _refuse_torch_launcher()
     comm = MPI.COMM_WORLD if comm is None else comm
     _world = comm
     host, port = store_address(comm)

@@ -58,3 +58,37 @@ def test_ddp_without_hook_and_fsdp2_train_as_on_gloo(device):
 def test_example_runs():
     out = run_mpi(2, str(REPO / "examples" / "ddp_train.py"), "--comm", "hfr", "--steps", "3", timeout=120).stdout
     assert "mean step" in out and "step    2" in out
+
+
+FAULT_LAYOUTS = [pytest.param(2, None, "cpu", id="1x2"), pytest.param(2, "1", "cpu", id="2x1"),
+                 pytest.param(4, "2", "cpu", id="2x2"),
+                 pytest.param(2, None, "cuda", id="1x2-cuda", marks=DEVICES[1].marks)]
+
+
+@pytest.mark.parametrize("nprocs, local_size, device", FAULT_LAYOUTS)
+def test_backend_mismatch_raises_on_every_rank(nprocs, local_size, device):
+    """A count mismatch through dist.all_reduce, work.wait(), get_future().wait() and a DDP hook's future
+    raises MismatchError on every rank, then the next call is right; tensors that require grad reduce."""
+    env = {"HFR_LOCAL_SIZE": local_size} if local_size else None
+    out = run_mpi(nprocs, "torch_faults_worker.py", "mismatch", device, env=env, timeout=90).stdout
+    assert "torch mismatch ok" in out
+
+
+def test_backend_timeout_raises_then_refuses():
+    """A peer that never calls: a timeout through dist.all_reduce, work.wait() and the future, then the
+    broken groups' next calls raise; the job exits."""
+    out = run_mpi(2, "torch_faults_worker.py", "timeout", env={"HFR_TIMEOUT": "3"}, timeout=90).stdout
+    assert "torch timeout ok" in out
+
+
+def test_backend_groups_independent_and_freed():
+    """Groups {0,1} and {0,2}: a call on one never waits for the other's; 4 init/destroy cycles with
+    groups destroyed leave threads and /dev/shm mappings as they were before the first."""
+    out = run_mpi(3, "torch_faults_worker.py", "lifecycle", env={"HFR_TIMEOUT": "10"}, timeout=120).stdout
+    assert "torch lifecycle ok" in out
+
+
+def test_torchrun_launch_refused():
+    """WORLD_SIZE=2 RANK=0 (torchrun's) in a one-rank MPI job: init raises at once, naming MPI launchers."""
+    env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    assert "torch torchrun ok" in run_mpi(1, "torch_faults_worker.py", "torchrun", env=env, timeout=60).stdout
