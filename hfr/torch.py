@@ -99,15 +99,21 @@ class _Completer:
 
     def _complete(self) -> None:
         while (item := self._pending.get()) is not None:
-            works, result, future = item
-            try:
-                for work in works:
-                    work.wait()
-                value = result()
-            except BaseException as error:
-                future.set_exception(error)
-            else:
-                future.set_result(value)
+            self._settle(*item)
+            # hold no future (nor its CUDA events) while idle: one this thread dropped as it woke at exit
+            # would be destroyed after CUDA's teardown
+            del item
+
+    @staticmethod
+    def _settle(works: list[Work], result: Callable[[], Any], future: torch.futures.Future) -> None:
+        try:
+            for work in works:
+                work.wait()
+            value = result()
+        except BaseException as error:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
 
 
 _hook_completers: weakref.WeakKeyDictionary[Communicator, _Completer] = weakref.WeakKeyDictionary()
@@ -121,7 +127,7 @@ def _hook_completer(comm: Communicator) -> _Completer:
         completer = _hook_completers.get(comm)
         if completer is None:
             completer = _hook_completers[comm] = _Completer()
-            weakref.finalize(comm, completer.stop)
+            weakref.finalize(comm, completer.stop).atexit = False  # a daemon thread: left asleep at exit
         return completer
 
 
