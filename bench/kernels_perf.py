@@ -80,7 +80,8 @@ def main() -> None:
     args = p.parse_args()
     nbytes = int(args.size_mib * 2**20)
     cols = ["copy"] + args.backends
-    print(f"# {args.size_mib:g} MiB per input, median of {args.repeats} after a warm-up; GB/s = (k+1)*bytes/s")
+    print(f"# {args.size_mib:g} MiB per input, median of {args.repeats} after a warm-up; GB/s = (k+1)*bytes/s; "
+          f"cython kernels: {kernels.simd() or 'not built'} SIMD")
     header = ["threads", "dtype", "k"] + [f"{c} GB/s" for c in cols] + [f"{b} copy%" for b in args.backends]
     header += ["cython xchain"] if "cython" in args.backends else []
     print("| " + " | ".join(header) + " |")

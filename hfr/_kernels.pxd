@@ -1,8 +1,7 @@
 # The C entry of hfr/_kernels.pyx, for other extensions (hfr/_internode.pyx combines blocks with it, hfr/_node_call.pyx
 # reduces and copies with it).
 
-cdef enum Kind:  # the element type a reduce runs on (signed sums and products run on the unsigned type)
-    F32, F64, I8, U8, I32, U32, I64, U64, BF16, FP16
+from hfr._simd cimport Kind  # the element type a reduce runs on
 
 cdef int op_code(object op) except -1
 cdef Kind kernel_kind(object dtype, int code) except *

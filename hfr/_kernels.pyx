@@ -8,112 +8,48 @@ Terms:
   process that imports torch first shares with any extension linked to libgomp; its threads then spin
   ~10 ms after each call whatever hfr asks, and ranks sharing a host starve each other: a DDP step
   went from 9.5 to 37 ms.)
-- tile: a run of TILE_BYTES of one block, small enough to stay in L2 while all k inputs are folded
-  into it, so each input is read once and out is written once: (k+1)*bytes of memory traffic.
-- half types (float16, bfloat16): widened to float32 tile by tile, combined in float32, rounded once.
-
-Every loop is a plain `for i in range(m)` over raw pointers with no branch the compiler cannot turn
-into a select, so gcc vectorises it at -O3. Signed sums and products run on the unsigned type of the
-same width, which wraps as NumPy does (signed overflow is undefined in C).
+- level: the SIMD instructions one block's tile loops (hfr/_tiles.pxi) are built for. setup.py builds
+  them once per level (hfr/_simd_<level>.pyx); at import this module takes the best level the CPU runs,
+  so one build runs on any CPU of its architecture at the speed of its best instructions. simd() says
+  which level a process runs; every level gives the same bits.
 """
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
-from cython cimport floating
 
 cimport numpy as cnp
+import importlib
 import ml_dtypes
 import numpy as np
 
+from hfr._simd cimport BF16, F32, F64, FP16, I8, I32, I64, SUM, MAX, MIN, PROD, U8, U32, U64, block_fn
 from hfr.ops import Op
 
 cnp.import_array()
 
 cdef extern from *:
     """
-    #include <string.h>
-    #if defined(__SSE2__)
-    #include <emmintrin.h>
-    /* memcpy with non-temporal stores: dst's lines are written without being read into the cache. */
-    static void hfr_stream_copy(void *dst, const void *src, size_t n) {
-        char *d = (char *)dst;
-        const char *s = (const char *)src;
-        size_t head = (16 - ((size_t)d & 15)) & 15;
-        if (head > n) head = n;
-        memcpy(d, s, head);
-        for (d += head, s += head, n -= head; n >= 16; d += 16, s += 16, n -= 16)
-            _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
-        memcpy(d, s, n);
-    }
-    static void hfr_stream_fence(void) { _mm_sfence(); }
+    /* Whether this CPU (and its OS) runs a level's instructions: setup.py's flags for the level. */
+    static int hfr_cpu_runs_avx2(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     #else
-    static void hfr_stream_copy(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
-    static void hfr_stream_fence(void) {}
+        return 0;
     #endif
+    }
+    static int hfr_cpu_runs_avx512(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        return hfr_cpu_runs_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+            && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    #else
+        return 0;
+    #endif
+    }
     """
-    void hfr_stream_copy(void* dst, const void* src, size_t n) noexcept nogil
-    void hfr_stream_fence() noexcept nogil
+    bint hfr_cpu_runs_avx2() noexcept nogil
+    bint hfr_cpu_runs_avx512() noexcept nogil
 
-cdef extern from *:
-    """
-    /* float16 <-> float32 with the CPU's F16C instructions (8 at a time, 16 with AVX-512; round to
-       nearest even, NaN stays NaN) where the build targets them; otherwise hfr_f16c is 0 and the
-       software loops run. */
-    #if defined(__F16C__)
-    #include <immintrin.h>
-    #define hfr_f16c 1
-    static void hfr_f16c_widen(float *dst, const uint16_t *src, Py_ssize_t n) {
-        Py_ssize_t i = 0;
-    #if defined(__AVX512F__)
-        for (; i + 16 <= n; i += 16)
-            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-    #endif
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-        for (; i < n; i++)
-            dst[i] = _cvtsh_ss(src[i]);
-    }
-    /* acc += src widened (then / divisor where it is not 1: avg's last fold), rounded as a widening
-       followed by a float32 add (and divide) */
-    static void hfr_f16c_sum(float *acc, const uint16_t *src, Py_ssize_t n, float divisor) {
-        Py_ssize_t i = 0;
-        __m256 d = _mm256_set1_ps(divisor);
-    #if defined(__AVX512F__)
-        __m512 d16 = _mm512_set1_ps(divisor);
-        for (; i + 16 <= n; i += 16) {
-            __m512 s = _mm512_add_ps(_mm512_loadu_ps(acc + i), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-            _mm512_storeu_ps(acc + i, divisor == 1.0f ? s : _mm512_div_ps(s, d16));
-        }
-    #endif
-        for (; i + 8 <= n; i += 8) {
-            __m256 s = _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-            _mm256_storeu_ps(acc + i, divisor == 1.0f ? s : _mm256_div_ps(s, d));
-        }
-        for (; i < n; i++)
-            acc[i] = divisor == 1.0f ? acc[i] + _cvtsh_ss(src[i]) : (acc[i] + _cvtsh_ss(src[i])) / divisor;
-    }
-    static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {
-        Py_ssize_t i = 0;
-    #if defined(__AVX512F__)
-        for (; i + 16 <= n; i += 16)
-            _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    #endif
-        for (; i + 8 <= n; i += 8)
-            _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-        for (; i < n; i++)
-            dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
-    }
-    #else
-    #define hfr_f16c 0
-    static void hfr_f16c_widen(float *dst, const uint16_t *src, Py_ssize_t n) {}
-    static void hfr_f16c_sum(float *acc, const uint16_t *src, Py_ssize_t n, float divisor) {}
-    static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {}
-    #endif
-    """
-    const bint hfr_f16c
-    void hfr_f16c_widen(float* dst, const uint16_t* src, Py_ssize_t n) noexcept nogil
-    void hfr_f16c_sum(float* acc, const uint16_t* src, Py_ssize_t n, float divisor) noexcept nogil
-    void hfr_f16c_narrow(uint16_t* dst, const float* src, Py_ssize_t n) noexcept nogil
+cdef extern from "hfr_simd_levels.h":  # written by setup.py
+    const char* HFR_SIMD_LEVELS  # the levels this build has, best first
 
 cdef extern from *:
     """
@@ -218,12 +154,9 @@ cdef extern from *:
 if hfr_pool_init() != 0:
     raise ImportError("hfr._kernels: pthread_atfork failed (out of memory)")
 
-__all__ = ["reduce", "parallel_copy", "data_address"]
+__all__ = ["reduce", "parallel_copy", "data_address", "simd", "simd_levels", "use_simd"]
 
 cdef enum:
-    SUM, MAX, MIN, PROD
-    TILE_BYTES = 128 * 1024  # long runs of each input keep the prefetchers streaming (measured: 8 KiB was slower)
-    TILE_WORDS = 16384  # TILE_BYTES in 8-byte words
     STREAM_MIN_BYTES = 1 << 20  # a smaller out is likely read again soon: leave it in the cache (from 1 MiB
     # non-temporal stores made the engine 2x faster with 2-4 MiB chunks: bench/RESULTS.md)
     BLOCK_ALIGN_BYTES = 64  # blocks start on cache lines, so threads never write one line together
@@ -231,232 +164,36 @@ cdef enum:
 
 _OPS = {Op.SUM: SUM, Op.MAX: MAX, Op.MIN: MIN, Op.PROD: PROD}
 
+# ---- the SIMD level ------------------------------------------------------------------------------------
 
-ctypedef struct bf16_t:  # bfloat16: the top 16 bits of a float32
-    uint16_t bits
-
-ctypedef struct fp16_t:  # IEEE binary16
-    uint16_t bits
-
-ctypedef fused elem_t:  # types combined as they are
-    float
-    double
-    int8_t
-    uint8_t
-    int32_t
-    uint32_t
-    int64_t
-    uint64_t
-
-ctypedef fused half_t:
-    bf16_t
-    fp16_t
-
-ctypedef fused any_t:
-    float
-    double
-    int8_t
-    uint8_t
-    int32_t
-    uint32_t
-    int64_t
-    uint64_t
-    bf16_t
-    fp16_t
+# What each level needs of the CPU; baseline and native run wherever this build does (native: on the
+# CPU it was built on, HFR_NATIVE=1).
+_CPU_RUNS = {"avx512": hfr_cpu_runs_avx512, "avx2": hfr_cpu_runs_avx2}
+cdef block_fn _reduce_block  # the tile loops of the level in use
+_level = None
 
 
-# ---- folding one run of elements into another --------------------------------------------------------------
-
-cdef void _fold(elem_t* acc, const elem_t* x, Py_ssize_t m, int op) noexcept nogil:
-    """acc[i] = acc[i] op x[i]. max/min return a NaN of either side, as np.maximum does.
-
-    Two distinct pointers: gcc's runtime overlap check then passes and the vector loop runs (with
-    dst[i] = a[i] op b[i] and dst == a, it would find an overlap and fall back to the scalar loop)."""
-    cdef Py_ssize_t i
-    if op == SUM:
-        for i in range(m):
-            acc[i] = acc[i] + x[i]
-    elif op == PROD:
-        for i in range(m):
-            acc[i] = acc[i] * x[i]
-    elif op == MAX:
-        for i in range(m):
-            acc[i] = acc[i] if (acc[i] > x[i]) | (acc[i] != acc[i]) else x[i]
-    else:
-        for i in range(m):
-            acc[i] = acc[i] if (acc[i] < x[i]) | (acc[i] != acc[i]) else x[i]
+def simd_levels() -> list:
+    """The levels this build has and this CPU runs, best first."""
+    return [level for level in HFR_SIMD_LEVELS.decode().split() if level not in _CPU_RUNS or _CPU_RUNS[level]()]
 
 
-cdef void _divide(floating* acc, Py_ssize_t m, Py_ssize_t divisor) noexcept nogil:
-    """acc[i] /= divisor (the last step of avg, in the accumulation type, while the tile is in cache)."""
-    cdef floating d = <floating>divisor
-    cdef Py_ssize_t i
-    for i in range(m):
-        acc[i] = acc[i] / d
+def use_simd(level: str) -> None:
+    """Run the tile loops of level, one of simd_levels() (the tests check every level's bits with it).
+    Not while a reduce runs."""
+    global _reduce_block, _level
+    if level not in simd_levels():
+        raise ValueError(f"SIMD level {level!r} is not one this build has and this CPU runs: {simd_levels()}")
+    _reduce_block = <block_fn><size_t>importlib.import_module(f"hfr._simd_{level}").block_address()
+    _level = level
 
 
-cdef void _add_divide(floating* acc, const floating* x, Py_ssize_t m, Py_ssize_t divisor) noexcept nogil:
-    """acc[i] = (acc[i] + x[i]) / divisor: avg's last fold and its division in one pass over the tile
-    (the same two roundings, in the same order, as _fold then _divide)."""
-    cdef floating d = <floating>divisor
-    cdef Py_ssize_t i
-    for i in range(m):
-        acc[i] = (acc[i] + x[i]) / d
+def simd() -> str:
+    """The level in use: avx512, avx2, baseline, or native (built with HFR_NATIVE=1)."""
+    return _level
 
 
-# ---- float32 <-> half conversions (round to nearest even; NaN stays NaN) -------------------------
-
-cdef inline float _f32(uint32_t bits) noexcept nogil:
-    cdef float f
-    memcpy(&f, &bits, 4)
-    return f
-
-
-cdef inline uint32_t _bits(float f) noexcept nogil:
-    cdef uint32_t b
-    memcpy(&b, &f, 4)
-    return b
-
-
-cdef inline float _bf16_to_f32(uint16_t h) noexcept nogil:
-    return _f32(<uint32_t>h << 16)
-
-
-cdef inline uint16_t _f32_to_bf16(float f) noexcept nogil:
-    cdef uint32_t b = _bits(f)
-    cdef uint32_t rounded = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-    cdef uint32_t quiet_nan = (b >> 16) | 0x40
-    return <uint16_t>(quiet_nan if (b & 0x7FFFFFFF) > 0x7F800000 else rounded)
-
-
-cdef inline float _fp16_to_f32(uint16_t h) noexcept nogil:
-    cdef uint32_t m = <uint32_t>(h & 0x7FFF) << 13  # exponent and mantissa, in float32 position
-    cdef uint32_t e = m & 0x0F800000
-    cdef uint32_t normal = m + (112 << 23)  # rebias the exponent: 127 - 15
-    cdef uint32_t inf_nan = m + (224 << 23)  # exponent 31 -> 255, mantissa (NaN payload) kept
-    # subnormal: m/2^24 computed exactly as (2^-14 + m/2^24) - 2^-14
-    cdef uint32_t subnormal = _bits(_f32(m + (113 << 23)) - _f32(113 << 23))
-    cdef uint32_t mag = inf_nan if e == 0x0F800000 else (subnormal if e == 0 else normal)
-    return _f32(mag | (<uint32_t>(h & 0x8000) << 16))
-
-
-cdef inline uint16_t _f32_to_fp16(float f) noexcept nogil:
-    cdef uint32_t b = _bits(f)
-    cdef uint32_t a = b & 0x7FFFFFFF
-    cdef uint32_t sign = (b >> 16) & 0x8000
-    cdef uint32_t big = 0x7E00 if a > 0x7F800000 else 0x7C00  # NaN -> quiet NaN; >= 2^16 -> inf
-    # below 2^-14: adding 0.5f rounds to a multiple of 2^-24, the subnormal step, in float32 RNE
-    cdef uint32_t subnormal = _bits(_f32(a) + 0.5) - _bits(0.5)
-    # normal: rebias, then round the 13 dropped bits to nearest even (a carry may make it inf)
-    cdef uint32_t normal = (a - (112 << 23) + 0xFFF + ((a >> 13) & 1)) >> 13
-    cdef uint32_t mag = big if a >= (143 << 23) else (subnormal if a < (113 << 23) else normal)
-    return <uint16_t>(mag | sign)
-
-
-cdef void _sum_half(float* acc, const half_t* x, Py_ssize_t m, Py_ssize_t divisor) noexcept nogil:
-    """acc[i] += x[i], widened as it is read (no pass through a scratch tile); with a divisor other than
-    1 then divided by it (avg's last fold): the roundings of a widening, then _fold or _add_divide."""
-    cdef float d = <float>divisor
-    cdef Py_ssize_t i
-    if half_t is fp16_t and hfr_f16c:
-        hfr_f16c_sum(acc, <const uint16_t*>x, m, d)
-    elif divisor == 1:
-        for i in range(m):
-            acc[i] = acc[i] + _widened(x[i])
-    else:
-        for i in range(m):
-            acc[i] = (acc[i] + _widened(x[i])) / d
-
-
-cdef inline float _widened(half_t h) noexcept nogil:
-    if half_t is bf16_t:
-        return _bf16_to_f32(h.bits)
-    else:
-        return _fp16_to_f32(h.bits)
-
-
-cdef void _widen(float* dst, const half_t* src, Py_ssize_t m) noexcept nogil:
-    cdef Py_ssize_t i
-    if half_t is fp16_t and hfr_f16c:
-        hfr_f16c_widen(dst, <const uint16_t*>src, m)
-        return
-    for i in range(m):
-        dst[i] = _widened(src[i])
-
-
-cdef void _narrow(half_t* dst, const float* src, Py_ssize_t m) noexcept nogil:
-    cdef Py_ssize_t i
-    if half_t is fp16_t and hfr_f16c:
-        hfr_f16c_narrow(<uint16_t*>dst, src, m)
-        return
-    for i in range(m):
-        if half_t is bf16_t:
-            dst[i].bits = _f32_to_bf16(src[i])
-        else:
-            dst[i].bits = _f32_to_fp16(src[i])
-
-
-# ---- one block, then all blocks -----------------------------------------------------------------
-
-cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t hi, int op,
-                       bint stream, Py_ssize_t divisor) noexcept nogil:
-    """out[lo:hi] = xs[0][lo:hi] op ... op xs[k-1][lo:hi], tile by tile; then, for a divisor other
-    than 1 (float sums only: avg), divided by it in the accumulation type before the one rounding.
-
-    stream: finish each tile in a scratch tile and copy it out with non-temporal stores, so out's lines
-    are not read from memory first (the read-for-ownership a plain store costs) nor left in the cache."""
-    cdef uint64_t* scratch  # two tiles, 8-byte aligned: acc and tmp
-    cdef float* acc
-    cdef float* tmp
-    cdef any_t* dst
-    cdef Py_ssize_t start, m, j
-    cdef Py_ssize_t tile = TILE_BYTES // 4 if any_t is bf16_t or any_t is fp16_t else TILE_BYTES // sizeof(any_t)
-    if k == 1 and divisor == 1:
-        if out != xs[0] and stream:
-            hfr_stream_copy(out + lo, xs[0] + lo, (hi - lo) * sizeof(any_t))
-            hfr_stream_fence()
-        elif out != xs[0]:
-            memcpy(out + lo, xs[0] + lo, (hi - lo) * sizeof(any_t))
-        return 0
-    scratch = <uint64_t*>malloc(2 * TILE_BYTES)
-    if scratch == NULL:
-        return 1
-    acc, tmp = <float*>scratch, <float*>(scratch + TILE_WORDS)
-    start = lo
-    while start < hi:
-        m = min(tile, hi - start)
-        dst = <any_t*>tmp if stream else out + start
-        # avg's division is fused with the last fold (one pass over the tile fewer), or alone for k == 1.
-        if any_t is bf16_t or any_t is fp16_t:
-            _widen(acc, xs[0] + start, m)
-            for j in range(1, k):
-                if op == SUM:  # avg too: a divisor other than 1 comes only with SUM
-                    _sum_half(acc, xs[j] + start, m, divisor if j == k - 1 else 1)
-                else:
-                    _widen(tmp, xs[j] + start, m)
-                    _fold(acc, tmp, m, op)
-            if k == 1 and divisor != 1:
-                _divide(acc, m, divisor)
-            _narrow(dst, acc, m)
-        else:
-            if dst != xs[0] + start:
-                memcpy(dst, xs[0] + start, m * sizeof(any_t))
-            for j in range(1, k):
-                if any_t is float or any_t is double:
-                    if j == k - 1 and divisor != 1:
-                        _add_divide(dst, xs[j] + start, m, divisor)
-                        continue
-                _fold(dst, xs[j] + start, m, op)
-            if any_t is float or any_t is double:
-                if k == 1 and divisor != 1:
-                    _divide(dst, m, divisor)
-        if stream:
-            hfr_stream_copy(out + start, dst, m * sizeof(any_t))
-        start += m
-    if stream:
-        hfr_stream_fence()
-    free(scratch)
-    return 0
+use_simd(simd_levels()[0])
 
 
 # ---- Python entry points ------------------------------------------------------------------------
@@ -472,30 +209,6 @@ _KINDS = {
     np.dtype(ml_dtypes.bfloat16): (BF16, BF16),
     np.dtype(np.float16): (FP16, FP16),
 }
-
-
-cdef int _dispatch(Kind kind, void* out, void** xs, int k, Py_ssize_t lo, Py_ssize_t hi, int op,
-                   bint stream, Py_ssize_t divisor) noexcept nogil:
-    if kind == F32:
-        return _reduce_block(<float*>out, <float**>xs, k, lo, hi, op, stream, divisor)
-    elif kind == F64:
-        return _reduce_block(<double*>out, <double**>xs, k, lo, hi, op, stream, divisor)
-    elif kind == I8:
-        return _reduce_block(<int8_t*>out, <int8_t**>xs, k, lo, hi, op, stream, divisor)
-    elif kind == U8:
-        return _reduce_block(<uint8_t*>out, <uint8_t**>xs, k, lo, hi, op, stream, divisor)
-    elif kind == I32:
-        return _reduce_block(<int32_t*>out, <int32_t**>xs, k, lo, hi, op, stream, divisor)
-    elif kind == U32:
-        return _reduce_block(<uint32_t*>out, <uint32_t**>xs, k, lo, hi, op, stream, divisor)
-    elif kind == I64:
-        return _reduce_block(<int64_t*>out, <int64_t**>xs, k, lo, hi, op, stream, divisor)
-    elif kind == U64:
-        return _reduce_block(<uint64_t*>out, <uint64_t**>xs, k, lo, hi, op, stream, divisor)
-    elif kind == BF16:
-        return _reduce_block(<bf16_t*>out, <bf16_t**>xs, k, lo, hi, op, stream, divisor)
-    else:
-        return _reduce_block(<fp16_t*>out, <fp16_t**>xs, k, lo, hi, op, stream, divisor)
 
 
 ctypedef struct Job:  # one reduce, cut into blocks of `per` elements
@@ -515,7 +228,7 @@ cdef int _run_block(void* job, int block) noexcept nogil:
     cdef Py_ssize_t lo = block * j.per
     if lo >= j.n:
         return 0
-    return _dispatch(j.kind, j.out, j.xs, j.k, lo, min(lo + j.per, j.n), j.op, j.stream, j.divisor)
+    return _reduce_block(j.kind, j.out, j.xs, j.k, lo, min(lo + j.per, j.n), j.op, j.stream, j.divisor)
 
 
 cdef int _reduce(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py_ssize_t n, int op,

@@ -16,7 +16,7 @@ import numpy as np
 
 from .ops import Op, OpLike, accumulation_dtype, as_dtype, as_op, is_float
 
-__all__ = ["reduce_into", "unchecked_reducer", "backend_name", "available_backends", "BACKENDS"]
+__all__ = ["reduce_into", "unchecked_reducer", "backend_name", "available_backends", "simd", "BACKENDS"]
 
 BACKENDS = ("cython", "numba", "numpy")
 KERNEL_OPS = (Op.SUM, Op.MAX, Op.MIN, Op.PROD)  # the ops that combine; AVG is SUM then one division
@@ -58,6 +58,17 @@ def _load(backend: str) -> Optional[ReduceFn]:
 def available_backends() -> list[str]:
     """The backends that work in this process, fastest first."""
     return [b for b in BACKENDS if _load(b) is not None]
+
+
+def simd() -> Optional[str]:
+    """The SIMD instructions the Cython kernels run in this process: "avx512", "avx2" or "baseline" (the
+    best this CPU runs, picked at import), "native" in a build made with HFR_NATIVE=1; None when the
+    Cython kernels are not built. Every level gives the same bits."""
+    if _load("cython") is None:
+        return None
+    from . import _kernels
+
+    return _kernels.simd()
 
 
 @functools.cache

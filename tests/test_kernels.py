@@ -200,6 +200,54 @@ def test_random_shapes(backend_name, dtype, op, n, k, offset, threads, seed):
     check(backend_name, inputs, op, threads, rng, alias=bool(seed & 1))
 
 
+def _simd_levels() -> list[str]:
+    """The SIMD levels of the Cython kernels this build has and this CPU runs (none without them)."""
+    if kernels._load("cython") is None:
+        return []
+    from hfr import _kernels
+
+    return _kernels.simd_levels()
+
+
+@pytest.fixture(params=_simd_levels())
+def simd_level(request):
+    """The Cython kernels forced to run one SIMD level, then back to the one picked at import."""
+    from hfr import _kernels
+
+    picked = _kernels.simd()
+    _kernels.use_simd(request.param)
+    yield request.param
+    _kernels.use_simd(picked)
+
+
+def test_every_simd_level_gives_the_reference_bits(simd_level):
+    """Each level this CPU runs, forced: every dtype and op (avg too), vector loops and their tails, and
+    every half-type bit pattern, bit for bit (a NaN matches any NaN: its payload is the hardware's)."""
+    rng = np.random.default_rng(6)
+    for dtype in DTYPES:
+        for k in (1, 3):  # 300007 elements: from 4-byte types on, out is written with streaming stores
+            inputs = [random_array(dtype, 300007, rng) for _ in range(k)]
+            for op in OPS:
+                check("cython", inputs, op, 1, rng)
+            if dtype in FLOATS:
+                want = np.empty_like(inputs[0])
+                _reduce_numpy(want, inputs, Op.AVG, 1, 4)
+                out = reduce_into(np.empty_like(want), inputs, "avg", backend="cython", threads=1, divisor=4)
+                assert_same_bits(out, want)
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        every = np.arange(2**16, dtype=np.uint16).view(dtype)
+        check("cython", [every, rng.permutation(every)], Op.SUM, 1, rng)
+
+
+def test_simd_level_in_use():
+    backend_param("cython")
+    from hfr import _kernels
+
+    assert kernels.simd() == _kernels.simd() == _kernels.simd_levels()[0]
+    with pytest.raises(ValueError, match="SIMD level 'sse9'"):
+        _kernels.use_simd("sse9")
+
+
 def bad_calls(dtype=np.float32, n=1000):
     """(name, out, inputs, op, message fragment): each call must fail without touching out."""
     rng = np.random.default_rng(4)

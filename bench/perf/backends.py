@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
+from hfr import kernels
 from hfr.internode import ALGOS
 from hfr.rendezvous import store_address
 
@@ -80,8 +81,11 @@ class HfrBackend:
     def describe(self) -> str:
         c = self.comm
         settings = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("HFR_"))
-        return (f"hfr {self.hfr.__version__}: {c.nnodes} node(s) x local size {c.local_size}, chunk {c.chunk_bytes} B; "
-                f"env {settings or '(no HFR_* set: defaults)'}")
+        reducer = kernels.backend_name()
+        if reducer == "cython":
+            reducer += f" {kernels.simd()}"  # the SIMD level it runs here
+        return (f"hfr {self.hfr.__version__}: {c.nnodes} node(s) x local size {c.local_size}, chunk {c.chunk_bytes} B, "
+                f"kernels {reducer}; env {settings or '(no HFR_* set: defaults)'}")
 
     def allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:
         self.comm.allreduce(send, op=op, out=None if send is recv else recv)
