@@ -1,5 +1,5 @@
 # make bench: set up .venv and run the allreduce benchmark (NumPy arrays, 4 ranks)
-# make test:  set up .venv and run every test
+# make test:  set up .venv and run every test (then the 15 slowest)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard hfr/*.pyx hfr/*.pxd)
 	touch $@
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 bench: setup
 	mkdir -p bench/out

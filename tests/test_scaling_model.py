@@ -99,10 +99,11 @@ def test_cli_testbed_prints_a_row_a_run(capsys):
 # -------------------------------------------------------------------------- the testbed, predicted
 
 # Where the model is known to miss, and why (bench/RESULTS.md, "Scaling model (issue 13)"), by (hosts,
-# ranks a host, backend).
+# ranks a host, backend). Strict: the model and the measured runs are fixed, so a case passes or fails
+# the same way on every run. (8 x 1 MPICH, listed there too, is within 20% of its faster placement: 5%
+# at 16 MiB, 12% at 64 MiB; the 26-45% there are the placements' means.)
 EXPECTED_MISSES: dict[tuple, str] = {
-    (4, 2, "mpi"): "MPICH's 8 ranks on the VM's 2 cores, each polling TCP: 26-45% slower than its link and cpu terms",
-    (8, 1, "mpi"): "MPICH's 8 ranks on the VM's 2 cores, each polling TCP: 26-45% slower than its link and cpu terms",
+    (4, 2, "mpi"): "MPICH's 8 ranks on the VM's 2 cores, each polling TCP: 43-62% slower than its link and cpu terms",
 }
 
 
@@ -119,7 +120,7 @@ def _runs() -> list:
     params = []
     for (hosts, per_host, backend, size), r in fastest.items():
         reason = EXPECTED_MISSES.get((hosts, per_host, backend))
-        marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
+        marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
         params.append(pytest.param(r, marks=marks, id=f"{hosts}x{per_host}-{backend}-{size >> 20}MiB"))
     return params
 
