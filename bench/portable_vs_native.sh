@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The Cython kernels built portable (the default: the SIMD level is picked at run time) against a build with
-# HFR_NATIVE=1 (-march=native), side by side: this tree's sources built both ways in folders of their own, then
-# bench/kernels_perf.py of each by turns (portable, native, portable, native) at every thread count. Prints the
-# tables and, per thread count, dtype and k, the best GB/s of each build and native / portable. No network:
-# needs a C compiler, Cython, numpy and ml_dtypes where PYTHON runs.
+# HFR_NATIVE=1 (-march=native), side by side: this tree's sources built both ways in folders of their own,
+# then bench/kernels_perf.py of each by turns (portable, native, portable, native, ...) at every thread
+# count. Prints the tables and, per thread count, dtype and k, each build's best GB/s over the rounds and
+# native / portable. No network: needs a C compiler, Cython, numpy and ml_dtypes where PYTHON runs.
 #
 #   bench/portable_vs_native.sh [THREADS...]     (default 1 4 16)
-#   env: PYTHON (default python3), OUT (default bench/out/portable_vs_native), SIZE_MIB (default 64)
+#   env: PYTHON (default python3), OUT (default bench/out/portable_vs_native), SIZE_MIB (default 64), ROUNDS (2)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
@@ -32,7 +32,7 @@ for build in portable native; do
 done
 
 for threads in "${THREADS[@]}"; do
-    for round in 1 2; do
+    for round in $(seq "${ROUNDS:-2}"); do
         for build in portable native; do
             echo "# $build, $threads thread(s), round $round"
             "$PYTHON" "$OUT/$build/bench/kernels_perf.py" --backends cython --dtypes float32 bfloat16 float16 \

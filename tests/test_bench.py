@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pytest
 
-import hfr
 from bench.perf.collectives import COLLECTIVES, DTYPES, count_wrong, poison, rank_input
 from bench.perf.harness import parse_args, parse_size, sweep_sizes
 from tests.mpirun import REPO, mpiexec, run_mpi
@@ -18,7 +17,6 @@ from tests.mpirun import REPO, mpiexec, run_mpi
 SCRIPT = str(REPO / "bench" / "allreduce_perf.py")
 TINY = ["-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1"]
 NUMBER_COLUMNS = ("time", "algbw", "busbw", "#wrong")
-needs_hfr = pytest.mark.skipif(not hasattr(hfr, "allreduce"), reason="hfr.allreduce has not landed")
 
 
 def table_rows(output: str) -> list[dict]:
@@ -114,7 +112,6 @@ def test_a_wrong_backend_is_caught():
     assert "FAILED" in proc.stdout and proc.returncode != 0
 
 
-@needs_hfr
 @pytest.mark.parametrize("collective,dtype,op", [("allreduce", "float32", "sum"), ("allreduce", "bfloat16", "avg"),
                                                  ("reduce", "int8", "prod"), ("broadcast", "float64", "sum")])
 def test_hfr_and_mpi_are_right(collective, dtype, op):
@@ -130,7 +127,6 @@ def test_hfr_and_mpi_are_right(collective, dtype, op):
         assert "hfr speedup over the best peer" in out
 
 
-@needs_hfr
 @pytest.mark.parametrize("collective,op", [("reduce_scatter", "sum"), ("reduce_scatter", "avg"), ("allgather", "sum")])
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_fsdp_collectives_against_every_host_peer(collective, op, nprocs):

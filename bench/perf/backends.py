@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
+import hfr
 from hfr import kernels
 from hfr.internode import ALGOS
 from hfr.rendezvous import store_address
@@ -51,13 +52,6 @@ class HfrBackend:
     name = "hfr"
 
     def __init__(self, comm: MPI.Comm, kind: ArrayKind, algo: Optional[str] = None) -> None:
-        try:
-            import hfr
-        except ImportError as e:
-            raise Unavailable(f"hfr is not importable: {e}") from None
-        if not hasattr(hfr, "Communicator") or not hasattr(hfr, "allreduce"):
-            raise Unavailable("this hfr has no allreduce yet")
-        self.hfr = hfr
         if algo is None:
             self.comm = hfr.Communicator(comm=comm)
             return
@@ -84,7 +78,7 @@ class HfrBackend:
         reducer = kernels.backend_name()
         if reducer == "cython":
             reducer += f" {kernels.simd()}"  # the SIMD level it runs here
-        return (f"hfr {self.hfr.__version__}: {c.nnodes} node(s) x local size {c.local_size}, chunk {c.chunk_bytes} B, "
+        return (f"hfr {hfr.__version__}: {c.nnodes} node(s) x local size {c.local_size}, chunk {c.chunk_bytes} B, "
                 f"kernels {reducer}; env {settings or '(no HFR_* set: defaults)'}")
 
     def allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:

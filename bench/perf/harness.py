@@ -98,7 +98,9 @@ class Result:
     placement: str
     size: int
     count: int
-    time_us: Optional[float] = None
+    time_us: Optional[float] = None  # the median of the timed calls (each the slowest rank's)
+    time_min_us: Optional[float] = None  # the fastest and the slowest of them
+    time_max_us: Optional[float] = None
     algbw: Optional[float] = None  # GB/s
     busbw: Optional[float] = None  # GB/s
     wrong: Optional[int] = None  # None: not checked
@@ -162,9 +164,9 @@ class Sweep:
             wrong += count_wrong(self.kind.to_host(send), self.input)
         return self.comm.allreduce(wrong, op=MPI.SUM)
 
-    def seconds(self, backend: Any, in_place: bool) -> tuple[float, Optional[float]]:
-        """Median over iterations of the slowest rank's seconds for one call (warm-up calls are not
-        timed), and the link use of the timed calls (None without a link rate)."""
+    def seconds(self, backend: Any, in_place: bool) -> tuple[np.ndarray, Optional[float]]:
+        """The slowest rank's seconds for each timed call (warm-up calls are not timed), and the link use
+        of the timed calls at their median (None without a link rate)."""
         iters, warmup = self.args.iters, self.args.warmup_iters
         seconds = np.zeros(iters)
         for i in range(warmup + iters):
@@ -177,8 +179,7 @@ class Sweep:
             if i >= warmup:
                 seconds[i - warmup] = time.perf_counter() - start
         self.comm.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
-        median = float(np.median(seconds))
-        return median, self.links.use(iters, median)
+        return seconds, self.links.use(iters, float(np.median(seconds)))
 
 
 def run_one(backend: Any, sweep: Sweep, in_place: bool) -> Result:
@@ -192,8 +193,9 @@ def run_one(backend: Any, sweep: Sweep, in_place: bool) -> Result:
         sweep.call(backend, in_place)
         result.wrong = sweep.wrong(in_place)
     seconds, result.link_use = sweep.seconds(backend, in_place)
-    result.time_us = seconds * 1e6
-    result.algbw = sweep.size / seconds / 1e9
+    median = float(np.median(seconds))
+    result.time_us, result.time_min_us, result.time_max_us = (1e6 * t for t in (median, seconds.min(), seconds.max()))
+    result.algbw = sweep.size / median / 1e9
     result.busbw = result.algbw * sweep.coll.bus_factor(sweep.comm.size)
     return result
 

@@ -29,13 +29,17 @@ _LINK_COLUMN, _LINK_UNITS = f" {'link':>6}", f" {'(%)':>6}"  # across hosts with
 
 
 class Progress:
-    """A progress bar on stderr, shown once a sweep has run a few seconds: tqdm if installed, else a plain one."""
+    """A progress bar for rank 0, shown once a sweep has run a few seconds, and only where stdout is a
+    terminal: the bar is drawn on stdout, the table's stream, and cleared before each row, so rows never
+    meet bar frames. (Under MPICH's mpiexec a rank's stdout is a pipe: there is no bar, and the rows,
+    printed as they are measured, show the progress.) tqdm if installed, else a plain bar."""
 
     DELAY_S = 3.0
     WIDTH = 30
 
     def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled
+        self.total, self.done = total, 0
+        self.enabled = enabled and sys.stdout.isatty()
         self.start = time.monotonic()
         self.bar: Any = None  # the tqdm bar, made when first shown
         self.shown = False
@@ -49,18 +53,18 @@ class Progress:
             try:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=self.total, initial=self.done - 1, file=sys.stderr, unit="run", leave=False)
+                self.bar = tqdm(total=self.total, initial=self.done - 1, file=sys.stdout, unit="run", leave=False)
             except ImportError:
                 pass
         if self.bar is not None:
             self.bar.update()
         else:
             filled = self.WIDTH * self.done // self.total
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total}")
-            sys.stderr.flush()
+            sys.stdout.write(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total}")
+            sys.stdout.flush()
 
     def write(self, line: str) -> None:
-        """Print a line to stdout without tearing the bar."""
+        """Print a line to stdout, the bar cleared first (tqdm draws it again below the line)."""
         if self.bar is not None:
             self.bar.write(line, file=sys.stdout)
             return
@@ -71,8 +75,8 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
         elif self.shown:
-            sys.stderr.write("\r" + " " * (self.WIDTH + 20) + "\r")
-            sys.stderr.flush()
+            sys.stdout.write("\r" + " " * (self.WIDTH + 20) + "\r")
+            sys.stdout.flush()
 
 
 def _fmt(value: Optional[float], width: int, digits: int) -> str:
@@ -123,6 +127,10 @@ class Report:
         self._print(f"# time: median over {a.iters} iterations ({a.warmup_iters} warm-up) of the slowest rank, "
                     f"MPI barrier before each call; check {'on' if a.check else 'off'} (seed {a.seed})")
         self._print(f"# busbw = algbw x {self.coll.name}'s bus factor, here {self.coll.bus_factor(self.comm.size):.3f}")
+        cores = os.cpu_count() or 1
+        if lay["ranks_per_host"] > cores:
+            self._print(f"# note: {lay['ranks_per_host']} ranks share this host's {cores} cores (oversubscribed): they "
+                        f"take turns on the cores, so every backend's times are longer than with a core each")
         for name, reason in self.missing.items():
             self._print(f"# backend {name}: skipped: {reason}")
         dtype = DTYPES[a.datatype]
@@ -213,7 +221,8 @@ class Report:
             self._plot(results, _open_for_writing(a.plot))
 
     def _plot(self, results: list, path: Path) -> None:
-        """algbw against size, log axes, one line per backend (in place, else out of place)."""
+        """algbw against size, log axes: a colour per backend, a line per placement (out of place solid, in
+        place dashed) at the median call, and a band from the slowest call to the fastest."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -221,13 +230,17 @@ class Report:
         import matplotlib.ticker
 
         fig, ax = plt.subplots(figsize=(8, 5))
-        for backend in dict.fromkeys(r.backend for r in results):
-            for placement in ("in-place", "out-of-place"):
-                points = [(r.size, r.algbw) for r in results
-                          if r.backend == backend and r.placement == placement and r.algbw]
-                if points:
-                    ax.plot(*zip(*points), marker="o", label=f"{backend} ({placement})")
-                    break
+        styles = {"out-of-place": ("-", "o"), "in-place": ("--", "s")}
+        for colour, backend in enumerate(dict.fromkeys(r.backend for r in results)):
+            for placement, (line, marker) in styles.items():
+                runs = [r for r in results if r.backend == backend and r.placement == placement and r.algbw]
+                if not runs:
+                    continue
+                sizes = [r.size for r in runs]
+                ax.plot(sizes, [r.algbw for r in runs], line, marker=marker, color=f"C{colour}",
+                        label=f"{backend} ({placement})")
+                ax.fill_between(sizes, [r.size / r.time_max_us / 1e3 for r in runs],
+                                [r.size / r.time_min_us / 1e3 for r in runs], color=f"C{colour}", alpha=0.15, lw=0)
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: _binary_bytes(x)))
         ax.set_yscale("log")
@@ -235,7 +248,8 @@ class Report:
         ax.set_ylabel("algbw (GB/s) = size / time")
         lay, a = self.layout, self.args
         ax.set_title(f"{a.collective} {a.datatype} {self.redop}, {a.array} arrays: {lay['ranks']} ranks, "
-                     f"{len(lay['hosts'])} host(s)\n{lay['hfr']}", fontsize=9)
+                     f"{len(lay['hosts'])} host(s)\n{lay['hfr']}\n"
+                     f"lines: the median of {a.iters} timed calls; bands: their slowest to fastest", fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
         fig.tight_layout()
