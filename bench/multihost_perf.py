@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests import netns  # noqa: E402  (the one Cluster, shared with tests/test_multihost.py)
+from tests.mpirun import SHM, remove_stray_shm  # noqa: E402
 
-SHM = Path("/dev/shm")
 NO_TESTBED = 2
 
 
@@ -48,31 +48,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if not 1 <= args.hosts <= 200 or args.ranks_per_host < 1:
         p.error("--hosts must be in 1..200 and --ranks-per-host >= 1")
     return args, rest
-
-
-def _mapped_shm() -> set[str]:
-    """Names under /dev/shm that some process maps or holds open."""
-    names = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            names.update(line.split("/dev/shm/", 1)[1].split()[0] for line in (proc / "maps").read_text().splitlines()
-                         if "/dev/shm/" in line)
-            names.update(os.readlink(fd).split("/dev/shm/", 1)[1] for fd in (proc / "fd").iterdir()
-                         if os.readlink(fd).startswith("/dev/shm/"))
-        except OSError:  # gone, or not ours to read
-            continue
-    return names
-
-
-def remove_stray_shm(before: set[str]) -> list[str]:
-    """Remove what appeared in /dev/shm since `before` and no process uses (a killed job's segments);
-    returns their names."""
-    stray = sorted(set(os.listdir(SHM)) - before - _mapped_shm())
-    for name in stray:
-        (SHM / name).unlink(missing_ok=True)
-    return stray
 
 
 def run(args: argparse.Namespace, rest: list[str], cluster: netns.Cluster) -> int:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from . import netns
-from .mpirun import REPO
+from .mpirun import REPO, mapped_shm
 
 SCRIPT = REPO / "bench" / "multihost_perf.py"
 
@@ -63,10 +63,7 @@ def test_links_are_shaped_and_everything_is_torn_down(tmp_path):
 
 
 def _assert_no_shm_left(before: set) -> None:
-    sys.path.insert(0, str(REPO / "bench"))
-    from multihost_perf import _mapped_shm
-
-    left = set(os.listdir("/dev/shm")) - before - _mapped_shm()
+    left = set(os.listdir("/dev/shm")) - before - mapped_shm()
     assert not left, f"left in /dev/shm: {left}"
 
 
