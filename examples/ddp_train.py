@@ -89,27 +89,32 @@ def report(what: str, model: torch.nn.Module, losses: list[float], step_seconds:
         return
     for step, loss in enumerate(losses):
         print(f"step {step:4d}  loss {loss:.5f}")
-    timed = step_seconds[warmup:] or step_seconds
+    timed = step_seconds[warmup:] or step_seconds  # all of them when there are no more than the warm-up's
     parameters = sum(p.numel() for p in model.parameters())
     print(f"{what}  ranks {dist.get_world_size()}  parameters {parameters}  "
           f"mean step {1e3 * statistics.mean(timed):.3f} ms, median {1e3 * statistics.median(timed):.3f} ms "
-          f"over {len(timed)} steps", flush=True)
+          f"over {len(timed)} steps after {len(step_seconds) - len(timed)} warm-up steps", flush=True)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help: the module's docstring as written, and each option's default."""
 
 
 def arguments(description: str, comms: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--comm", choices=comms, default="hfr")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
-    parser.add_argument("--batch", type=int, help="samples per rank and step (default: 64 for the mlp, 8 for the transformer)")
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    parser.add_argument("--comm", choices=comms, default="hfr", help="what reduces the gradients")
+    parser.add_argument("--steps", type=int, default=20, help="training steps, the warm-up's included")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32", help="the model's compute type")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="samples per rank and step; 0: the model's own, 64 for the mlp, 8 for the transformer")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the mean step time")
     return parser
 
 
 def main() -> None:
     parser = arguments(__doc__, list(BACKENDS))
-    parser.add_argument("--model", choices=["mlp", "transformer"], default="mlp")
+    parser.add_argument("--model", choices=["mlp", "transformer"], default="mlp", help="what is trained")
     parser.add_argument("--hidden", type=int, default=255, help="the mlp's first hidden layer")
     args = parser.parse_args()
     device = setup(args.comm, args.device, parser)

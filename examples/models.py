@@ -46,12 +46,15 @@ class TransformerLM(nn.Module):
         self.head = nn.Linear(width, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The logits of every position of every sequence, (batch x length, vocab). The head runs on the
+        positions as rows: on (batch, length, width) nn.Linear returns a view, on which FSDP2 warns that
+        an in-place op would skip its hooks."""
         length = tokens.shape[1]
         h = self.embed(tokens) + self.position(torch.arange(length, device=tokens.device))
         mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device, dtype=h.dtype)
         for layer in self.layers:
             h = layer(h, src_mask=mask, is_causal=True)
-        return self.head(self.norm(h))
+        return self.head(self.norm(h).flatten(0, 1))
 
 
 def make_model(name: str, dtype: torch.dtype, device: torch.device, **sizes: int) -> nn.Module:
