@@ -1,7 +1,7 @@
 """hfr: HFReduce in Python. Allreduce that sums on the CPU, for CuPy and NumPy arrays over MPI.
 
-The module functions use a default Communicator on MPI.COMM_WORLD, made on first use and closed at
-exit.
+The module functions use a default Communicator on MPI.COMM_WORLD, made on first use and closed by
+hfr.close() or at exit.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ __all__ = [
     "Communicator", "Work", "Op", "HFRError", "HFRTimeoutError", "MismatchError",
     "allreduce", "allreduce_async", "reduce", "reduce_async", "broadcast", "broadcast_async",
     "reduce_scatter", "reduce_scatter_async", "allgather", "allgather_async",
-    "default_communicator", "__version__",
+    "default_communicator", "close", "__version__",
 ]
 
 _default: Optional[Communicator] = None
@@ -34,6 +34,17 @@ def default_communicator() -> Communicator:
             _default = Communicator()
             atexit.register(_default.close)
         return _default
+
+
+def close() -> None:
+    """Close the default Communicator, if it was made (collective: every rank calls it). The module
+    functions make a new one if called again."""
+    global _default
+    with _default_lock:
+        if _default is not None:
+            atexit.unregister(_default.close)
+            _default.close()
+            _default = None
 
 
 def allreduce(x: Any, op: OpLike = "sum", out: Any = None) -> Any:

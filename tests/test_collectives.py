@@ -80,3 +80,7 @@ def test_large_array_many_chunks(nprocs, local_size):
 def test_arrays_past_32_bit_counts_and_4_gib(local_size):
     env = {"HFR_LOCAL_SIZE": str(local_size)} if local_size else {}
     assert "large ok" in run_mpi(2, "large_worker.py", env=env, timeout=400).stdout
+
+
+def test_close_closes_the_default_communicator():
+    assert run_mpi(2, "close_worker.py", timeout=60).stdout.count("close ok") == 2
