@@ -31,7 +31,8 @@ the ring granules (RING_GRANULE_BYTES, fixed) of global index g with g % n == k,
 element's segment, and the order its n values are combined in, follow from its global index: the bits
 do not depend on the cuts either. It moves 2 x the slice x (n-1)/n each way on every link (bandwidth-
 optimal; dbtree moves 2 x the slice). mpi is MPI's own (I)allreduce, with hfr's kernel as a user-defined op for float16, bfloat16 and
-8-bit sums and products. gather is one MPI (I)allgather of every rank's slice, after which each rank
+8-bit sums and products: its float bits depend on how the caller cuts its array (the chunk size), and
+its max and min drop NaN as MPI's MAX and MIN do. gather is one MPI (I)allgather of every rank's slice, after which each rank
 combines the n slices itself in rail-rank order: one collective, moving n x the slice; every rank
 computes the same sum in the same order, so its bits depend on the data alone too.
 

@@ -11,7 +11,13 @@ __all__ = ["Op", "OpLike", "DTYPES", "DTYPE_CODES", "as_op", "as_dtype", "accumu
 
 
 class Op(str, enum.Enum):
-    """The reductions hfr does. AVG is SUM divided by the number of ranks (float dtypes only)."""
+    """The reductions hfr does. Integers wrap as NumPy's do; MAX and MIN propagate NaN.
+
+    AVG is SUM divided by the number of ranks (float dtypes only), divided inside the kernel that sums a
+    node's ranks: on one node it is the mean in the accumulation type (float32 for float16 and bfloat16)
+    rounded once; across nodes the nodes' partial means, each rounded once, are summed, so a half-type
+    average never overflows unless the mean lies within a few units in the last place of the type's
+    largest value."""
 
     SUM = "sum"
     AVG = "avg"
