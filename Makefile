@@ -5,7 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 4
 # torch is optional for hfr; the tests of the DDP hook and the gloo peer of the benchmark need it.
-# 2.13.0 is the CPU build this project's machines keep on disk; `make TORCH_SPEC= test` goes without.
+# 2.13.0 is the CPU build this project's machines keep on disk (elsewhere PyPI's torch is the CUDA build,
+# several GB: README.md, PyTorch, says how to get the CPU one); `make TORCH_SPEC= test` goes without.
 TORCH_SPEC ?= torch==2.13.0
 BENCH_ARGS ?= -b 16 -e 64M -f 4 -n 10 -w 3 --table bench/out/allreduce_numpy.txt --plot bench/out/allreduce_numpy.png --json bench/out/allreduce_numpy.json
 

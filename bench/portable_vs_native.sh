@@ -24,7 +24,7 @@ for build in portable native; do
     cp "$ROOT/bench/kernels_perf.py" "$ROOT/bench/_tree.py" "$dir/bench/"
     rm -f "$dir"/hfr/*.so "$dir"/hfr/*.c
     echo "# building $build in $dir"
-    if ! (cd "$dir" && HFR_NATIVE=${HFR_NATIVE_OF[$build]} "$PYTHON" setup.py build_ext --inplace -q \
+    if ! (cd "$dir" && HFR_NATIVE=${HFR_NATIVE_OF[$build]} "$PYTHON" setup.py build_ext --inplace -q -j "$(nproc)" \
             >"$OUT/$build-build.log" 2>&1); then
         tail -30 "$OUT/$build-build.log"
         exit 1
