@@ -77,7 +77,7 @@ REFUSED = -1  # the count of a refused call's descriptor (its other fields -1 bu
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "reduce_scatter", "allgather")  # wire codes: append only
 SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
 WHOLE_UP_TO_BYTES = 4096  # whole calls (the terms above): reducing 4 KiB per rank costs less than a hand-off
-ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits this long for its peers' word on who never came
+ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits up to this long for its peers' word on who never came
 SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are retired again
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
@@ -739,7 +739,8 @@ class Engine:
             who = f" (still waiting for ranks {laggards})"
         elif rail_peers:
             internode.report_absent(self.rail_comm, [layout.rail_ranks[p] for p in rail_peers], self._report_room)
-            reports = internode.reported_absent(self.rail_comm, rail_peers, self._report_room, ABSENT_REPORT_GRACE_S)
+            grace = min(ABSENT_REPORT_GRACE_S, self.timeout / 4)  # a call that times out takes at most this longer
+            reports = internode.reported_absent(self.rail_comm, rail_peers, self._report_room, grace)
             absent = sorted({r for p in rail_peers for r in reports.get(p, [layout.rail_ranks[p]]) if r != layout.rank})
             who = f" (still waiting on the rail for nodes {list(rail_peers)}: ranks {absent} never came)"
         return HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "

@@ -13,3 +13,5 @@ class MismatchError(HFRError):
 
 class HFRTimeoutError(HFRError, TimeoutError):
     """A peer did not arrive in time (or a wait ran out of its own timeout)."""
+
+    rail_peers: tuple = ()  # a wait over the rail: the rail ranks it waited on (hfr.internode.stopped)

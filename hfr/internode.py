@@ -310,10 +310,9 @@ def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
         abandon(schedule)
         raise
     waits = "; ".join(schedule.waiting_for())
-    awaited = schedule.awaited() if isinstance(schedule, Doubling) else []
-    abandon(schedule)
     error = HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
-    error.rail_peers = awaited  # the rail ranks it waited on (the engine names their ranks)
+    error.rail_peers = tuple(schedule.awaited())  # the engine names their ranks
+    abandon(schedule)
     raise error
 
 

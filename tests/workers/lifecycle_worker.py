@@ -39,21 +39,13 @@ import numpy as np
 from mpi4py import MPI
 
 import hfr
+from checks import expect
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 last = size - 1
 scenario = sys.argv[1]
 TIMEOUT = float(os.environ.get("FAULT_TIMEOUT", "3"))
-
-
-def expect(error_type, fragment, call):
-    try:
-        call()
-    except error_type as error:
-        assert fragment in str(error), f"rank {rank}: {error!r} does not say {fragment!r}"
-        return error
-    raise AssertionError(f"rank {rank}: no {error_type.__name__} ({fragment})")
 
 
 def done():

@@ -30,6 +30,7 @@ from mpi4py import MPI
 
 import hfr
 import hfr.torch
+from checks import expect
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -51,15 +52,6 @@ def assert_right(x: torch.Tensor, ranks: list[int], what: str) -> None:
     wrong = (x.cpu() != want).nonzero().flatten()
     assert not len(wrong), (f"{what}: {len(wrong)} elements wrong, first at {wrong[0].item()}: "
                             f"{x[wrong[0]]} != {want[wrong[0]]}")
-
-
-def raises(call, error: type, words: str, what: str) -> BaseException:
-    try:
-        call()
-    except error as e:
-        assert words in str(e), f"{what}: {e!r} does not say {words!r}"
-        return e
-    raise AssertionError(f"{what}: returned without {error.__name__}")
 
 
 class Bucket:
@@ -97,7 +89,7 @@ def check_mismatch(device: torch.device) -> None:
 
     for how, call in [("dist.all_reduce", blocking), ("work.wait()", waited), ("get_future().wait()", future),
                       ("sum_allreduce_hook", hook)]:
-        raises(lambda: call(values(mine, rank, device)), hfr.MismatchError, "count", f"{how} of a count mismatch")
+        expect(hfr.MismatchError, "count", lambda: call(values(mine, rank, device)), f"{how} of a count mismatch")
         x = values(COUNT, rank, device)
         call(x)
         assert_right(x, everyone, f"{how} after a mismatch")
@@ -108,7 +100,7 @@ def check_mismatch(device: torch.device) -> None:
         time.sleep(1)
     work = dist.all_reduce(x, async_op=True)
     if rank == 0:
-        raises(lambda: work.wait(timedelta(seconds=0.2)), hfr.HFRTimeoutError, "not finished", "wait(timeout)")
+        expect(hfr.HFRTimeoutError, "not finished", lambda: work.wait(timedelta(seconds=0.2)), "wait(timeout)")
     work.wait()
     assert_right(x, everyone, "a call waited for with a timeout")
 
@@ -138,15 +130,15 @@ def check_timeout() -> None:
         start = time.monotonic()
         waited = dist.all_reduce(values(COUNT, rank), group=groups[1], async_op=True)
         future = dist.all_reduce(values(COUNT, rank), group=groups[2], async_op=True).get_future()
-        raises(lambda: dist.all_reduce(values(COUNT, rank), group=groups[0]), hfr.HFRTimeoutError, "ranks [1]",
+        expect(hfr.HFRTimeoutError, "ranks [1]", lambda: dist.all_reduce(values(COUNT, rank), group=groups[0]),
                "dist.all_reduce with a peer absent")
-        raises(waited.wait, hfr.HFRTimeoutError, "ranks [1]", "work.wait() with a peer absent")
+        expect(hfr.HFRTimeoutError, "ranks [1]", waited.wait, "work.wait() with a peer absent")
         assert not waited.is_success()
-        raises(future.wait, hfr.HFRTimeoutError, "ranks [1]", "get_future().wait() with a peer absent")
+        expect(hfr.HFRTimeoutError, "ranks [1]", future.wait, "get_future().wait() with a peer absent")
         took = time.monotonic() - start
         assert took < timeout + 5, f"the timeouts came after {took:.1f} s"
         for group in groups:  # broken: the next call raises, never hands the tensor back unreduced
-            raises(lambda: dist.all_reduce(values(COUNT, rank), group=group), hfr.HFRError, "", "the next call")
+            expect(hfr.HFRError, "", lambda: dist.all_reduce(values(COUNT, rank), group=group), "the next call")
     world.Barrier()
     dist.destroy_process_group()
 
@@ -210,7 +202,7 @@ def check_torchrun() -> None:
     for how, init in [("hfr.torch.init_process_group", lambda: hfr.torch.init_process_group("hfr")),
                       ("the backend's creator", lambda: dist.init_process_group("hfr", store=dist.HashStore(), rank=0,
                                                                                    world_size=2))]:
-        error = raises(init, hfr.HFRError, "needs an MPI launcher", how)
+        error = expect(hfr.HFRError, "needs an MPI launcher", init, how)
         assert "mpirun" in str(error) and "mpiexec -n 2 python" in str(error), error
     assert time.monotonic() - start < 5
 
