@@ -150,3 +150,14 @@ def test_call_parts_times_every_part(local_size, parts):
     line = [ln for ln in out.splitlines() if ln and not ln.startswith("#")][-1].split()
     times = dict(zip(line[::2], map(float, line[1::2])))
     assert set(times) == parts and all(t > 0 for t in times.values()), out
+
+
+def test_torch_tensors_for_hfr_and_gloo():
+    """--array torch: hfr and gloo on CPU tensors (bfloat16 through an int16 view), MPI skipped with the reason."""
+    out = run_mpi(2, SCRIPT, *TINY, "--array", "torch", "-d", "bfloat16", "--backends", "hfr,gloo,mpi",
+                  timeout=60).stdout
+    rows = table_rows(out)
+    assert {r["backend"] for r in rows} == {"hfr", "gloo"}, out
+    assert all(r[f"{p} #wrong"] == "0" for r in rows for p in ("oop", "ip")), out
+    assert "# backend mpi: skipped: takes NumPy arrays: use --array numpy" in out
+

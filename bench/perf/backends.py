@@ -118,6 +118,8 @@ class MpiBackend:
         self.kind = kind
 
     def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
+        if self.kind.name == "torch":
+            return "takes NumPy arrays: use --array numpy"
         if self.kind.name != "numpy":
             return "takes host arrays (CUDA-aware MPI not assumed): see mpi-staged"
         if coll.uses_op and dtype.name in _HALF_TYPES:
