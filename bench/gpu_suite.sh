@@ -12,6 +12,8 @@
 #   small      the per-call cost: 8 B up, NumPy n=4 against Open MPI and CuPy n=4 against mpi-staged (~3 min)
 #   mps        CuPy n=4 small calls under MPS, where a small copy costs ~10 us rather than a time slice
 #              (~550 us for an H2D of <= 16 KiB with 4 processes time-slicing the GPU: bench/RESULTS.md) (~1 min)
+#   shm        hfr on NumPy arrays and torch CPU tensors against DeepSpeed's shm allreduce, in place, 8 B up,
+#              n = 4 and 8 (~3 min; needs the deepspeed wheels: see the stage)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -120,8 +122,27 @@ mps)
     | sed 's/\x1b\[[0-9;]*m//g' | grep -E "^#|^hfr" | tee "$out/parts_cupy_mps_n4.txt"
   echo quit | nvidia-cuda-mps-control
   ;;
+shm)
+  # DeepSpeed 0.19.8 is an sdist on PyPI and the host has no network: carry wheels for Python 3.12, made on a
+  # machine that has it with
+  #   pip wheel --no-deps deepspeed==0.19.8 -w wheels
+  #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d wheels \
+  #     ninja hjson py-cpuinfo msgpack einops pydantic psutil tqdm packaging
+  # (with pydantic come pydantic-core, annotated-types, typing-inspection, typing-extensions: 14 wheels), and
+  # install them there with `pip install --no-index --find-links wheels deepspeed==0.19.8 ninja`: torch 2.11
+  # meets its torch>=2.0, so no torch is pulled. Its op is built with g++ on first use, then cached.
+  log "DeepSpeed's shm op: build (the first time) or load, before anything is timed"
+  build="from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
+  time DS_ACCELERATOR=cpu timeout 300 python3 -c "$build" 2>&1 | tail -3
+  for n in 4 8; do
+    for array in numpy torch; do  # DeepSpeed's OpenMP threads: cores / n (the backend's default)
+      log "allreduce $array n=$n, 8 B - 128 MiB, hfr against deepspeed (in place only)"
+      perf $n -b 8 -e 186M -f 4 -n 20 -w 5 --array $array --backends hfr,deepspeed | tee "$out/shm_${array}_n$n.txt"
+    done
+  done
+  ;;
 *)
-  echo "unknown stage $stage: check, bench, overlap, torch, ddp-trace, internode, dtypes, fsdp, small or mps" >&2
+  echo "unknown stage $stage: check, bench, overlap, torch, ddp-trace, internode, dtypes, fsdp, small, mps or shm" >&2
   exit 2
   ;;
 esac

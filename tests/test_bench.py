@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,6 +18,8 @@ from tests.mpirun import REPO, mpiexec, run_mpi
 SCRIPT = str(REPO / "bench" / "allreduce_perf.py")
 TINY = ["-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1"]
 NUMBER_COLUMNS = ("time", "algbw", "busbw", "#wrong")
+# DeepSpeed's shm op is built on first use (35-85 s on the shared 2-core dev VM, then cached): it needs both
+NO_DEEPSPEED = importlib.util.find_spec("deepspeed") is None or shutil.which(os.environ.get("CXX", "c++")) is None
 
 
 def table_rows(output: str) -> list[dict]:
@@ -150,3 +153,40 @@ def test_call_parts_times_every_part(local_size, parts):
     line = [ln for ln in out.splitlines() if ln and not ln.startswith("#")][-1].split()
     times = dict(zip(line[::2], map(float, line[1::2])))
     assert set(times) == parts and all(t > 0 for t in times.values()), out
+
+
+def test_torch_tensors_for_hfr_and_gloo():
+    """--array torch: hfr and gloo on CPU tensors (bfloat16 through an int16 view), MPI skipped with the reason."""
+    out = run_mpi(2, SCRIPT, *TINY, "--array", "torch", "-d", "bfloat16", "--backends", "hfr,gloo,mpi",
+                  timeout=60).stdout
+    rows = table_rows(out)
+    assert {r["backend"] for r in rows} == {"hfr", "gloo"}, out
+    assert all(r[f"{p} #wrong"] == "0" for r in rows for p in ("oop", "ip")), out
+    assert "# backend mpi: skipped: takes NumPy arrays: use --array numpy" in out
+
+
+@pytest.mark.skipif(NO_DEEPSPEED, reason="needs deepspeed==0.19.8, ninja and a C++ compiler")
+@pytest.mark.parametrize("array", ["numpy", "torch"])
+def test_deepspeed_peer_is_timed_in_place_and_right(array):
+    """DeepSpeed's shm allreduce beside hfr on 2 ranks, below and above its 1 MiB switch between algorithms:
+    in-place rows checked, out-of-place ones n/a with the reason."""
+    out = run_mpi(2, SCRIPT, "-b", "8", "-e", "2M", "-f", "64", "-n", "2", "-w", "1", "--array", array,
+                  "--backends", "hfr,deepspeed", timeout=300).stdout
+    rows = table_rows(out)
+    deepspeed = [r for r in rows if r["backend"] == "deepspeed"]
+    assert {r["backend"] for r in rows} == {"hfr", "deepspeed"}, out
+    assert [int(r["size"]) for r in deepspeed] == [8, 512, 32768, 2097152]
+    assert all(r["oop time"] == "n/a" and r["ip #wrong"] == "0" for r in deepspeed), out
+    assert all(r["oop #wrong"] == "0" and r["ip #wrong"] == "0" for r in rows if r["backend"] == "hfr"), out
+    assert "# backend deepspeed: out-of-place n/a: in place only" in out and "shm op for float32" in out
+
+
+def test_deepspeed_missing_is_skipped_with_how_to_install(tmp_path):
+    """Where deepspeed cannot be imported (here: shadowed by one that fails), its rows are skipped with the
+    pip line, and hfr's still run."""
+    (tmp_path / "deepspeed").mkdir()
+    (tmp_path / "deepspeed" / "__init__.py").write_text("raise ImportError(\"No module named 'deepspeed'\")\n")
+    out = run_mpi(2, SCRIPT, *TINY, "--backends", "hfr,deepspeed", env={"PYTHONPATH": f"{tmp_path}:{REPO}"},
+                  timeout=60).stdout
+    assert "# backend deepspeed: skipped: No module named 'deepspeed': pip install deepspeed==0.19.8 ninja" in out
+    assert {r["backend"] for r in table_rows(out)} == {"hfr"}, out

@@ -1,38 +1,75 @@
-"""NumPy or CuPy arrays behind one small interface, so the harness never branches on the kind."""
+"""NumPy arrays, torch CPU tensors or CuPy arrays behind one small interface, so the harness never branches
+on the kind."""
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ArrayKind"]
+from .collectives import poison
+
+__all__ = ["ArrayKind", "KINDS"]
+
+KINDS = ("numpy", "torch", "cupy")
+
+
+def _torch_view(host: np.ndarray) -> Any:
+    """A torch tensor sharing host's memory (bfloat16 through an int16 view: NumPy has no torch dtype for it)."""
+    import torch
+
+    if host.dtype.name == "bfloat16":
+        return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(host)
+
+
+def _numpy_view(tensor: Any) -> np.ndarray:
+    """A NumPy array sharing a CPU tensor's memory (bfloat16 through an int16 view)."""
+    import ml_dtypes
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
 
 
 class ArrayKind:
-    """"numpy": host arrays. "cupy": arrays on this rank's current CUDA device."""
+    """"numpy": host arrays. "torch": torch CPU tensors. "cupy": arrays on this rank's current CUDA device."""
 
     def __init__(self, name: str) -> None:
-        if name not in ("numpy", "cupy"):
-            raise ValueError(f"unknown array kind {name!r}: expected numpy or cupy")
+        if name not in KINDS:
+            raise ValueError(f"unknown array kind {name!r}: expected one of {', '.join(KINDS)}")
         self.name = name
-        if name == "cupy":
+        self.xp = np
+        if name == "torch":
+            import torch  # noqa: F401  (fails early, with its own message, where it is missing)
+        elif name == "cupy":
             import cupy  # noqa: F401  (fails early, with CuPy's own message, where it is missing)
             import cupyx
 
             self.xp = cupy
             self.cupyx = cupyx
-        else:
-            self.xp = np
 
     def from_host(self, host: np.ndarray) -> Any:
         """A new array of this kind holding host's values."""
-        return host.copy() if self.name == "numpy" else self.xp.asarray(host)
+        if self.name == "cupy":
+            return self.xp.asarray(host)
+        return _torch_view(host.copy()) if self.name == "torch" else host.copy()
 
     def to_host(self, array: Any) -> np.ndarray:
-        return array if self.name == "numpy" else array.get()
+        """array's values as a NumPy array: itself, a view of a tensor's memory, or a copy of a device array."""
+        if self.name == "cupy":
+            return array.get()
+        return _numpy_view(array) if self.name == "torch" else array
 
     def copy(self, dst: Any, src: Any) -> None:
-        self.xp.copyto(dst, src)
+        if self.name == "torch":
+            dst.copy_(src)
+        else:
+            self.xp.copyto(dst, src)
+
+    def poison(self, array: Any) -> None:
+        """Fill an output with values no correct result holds (collectives.poison), in its own memory."""
+        poison(self.to_host(array) if self.name == "torch" else array)
 
     def synchronize(self) -> None:
         """Wait for everything queued on the device, so a clock read after it covers the work."""
@@ -44,11 +81,9 @@ class ArrayKind:
         return self.cupyx.empty_pinned(count, dtype=dtype)
 
     def as_torch(self, array: Any) -> Any:
-        """A torch tensor sharing array's memory (bfloat16 through an int16 view: NumPy has no torch dtype for it)."""
-        import torch
-
+        """A torch tensor sharing array's memory (the array itself for torch tensors)."""
         if self.name == "cupy":
+            import torch
+
             return torch.from_dlpack(array)
-        if array.dtype.name == "bfloat16":
-            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(array)
+        return array if self.name == "torch" else _torch_view(array)

@@ -1,15 +1,19 @@
 """The implementations the harness times: hfr and its peers, each real or reported missing.
 
-Every backend has allreduce, reduce and broadcast with one signature, (send, recv, op, root); in place
-means `send is recv`. Where a library's collective only works in place, out-of-place is a copy then the
-in-place collective, as its users would write it, and the copy is timed. Where a library has no average,
-"avg" is a sum then one division, also timed. `unsupported(...)` names the reason a combination cannot
-run; a library that cannot be used at all raises Unavailable from its constructor.
+Every backend's collectives have one signature, (send, recv, op, root); in place means `send is recv`.
+Where a library's collective only works in place, out-of-place is a copy then the in-place collective, as
+its users would write it, and the copy is timed. Where a library has no average, "avg" is a sum then one
+division, also timed. `unsupported(...)` names the reason a combination cannot run (deepspeed's: all but an
+in-place sum); a library that cannot be used at all raises Unavailable from its constructor.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import shutil
+import sys
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -118,6 +122,8 @@ class MpiBackend:
         self.kind = kind
 
     def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
+        if self.kind.name == "torch":
+            return "takes NumPy arrays: use --array numpy"
         if self.kind.name != "numpy":
             return "takes host arrays (CUDA-aware MPI not assumed): see mpi-staged"
         if coll.uses_op and dtype.name in _HALF_TYPES:
@@ -306,6 +312,117 @@ class NcclBackend(TorchBackend):
         return None
 
 
+class DeepSpeedBackend:
+    """DeepSpeed's shared-memory allreduce, deepspeed.comm.inference_all_reduce on CPU tensors (DS_ACCELERATOR=cpu),
+    on torch views of the arrays: one host, sum, in place, float32 (bfloat16 and float16 where the CPU has
+    AVX-512BW). Its op (csrc/cpu/comm/shm.cpp) is built on first use with ninja and a C++ compiler and cached under
+    TORCH_EXTENSIONS_DIR (~/.cache/torch_extensions); its OpenMP threads (torch's): OMP_NUM_THREADS, by default
+    this host's cores / ranks.
+
+    DeepSpeed takes the shm op only where LOCAL_SIZE is the world size; where the op is not loaded or the CPU lacks
+    the kernel's ISA, inference_all_reduce falls back to torch.distributed.all_reduce (gloo) without a word. So the
+    constructor calls it once per dtype with that fallback replaced by a tripwire, checks the sums, and fails
+    loudly unless float32 took the shm op.
+    """
+
+    name = "deepspeed"
+    VERSION = "0.19.8"  # the one measured
+    _SHM_DTYPES = ("float32", "bfloat16", "float16")  # the op returns other types as they were, unreduced
+
+    def __init__(self, comm: MPI.Comm, kind: ArrayKind) -> None:
+        if kind.name == "cupy":
+            raise Unavailable("DeepSpeed's shm allreduce reduces CPU tensors: use --array numpy or torch")
+        per_host = ranks_per_host(comm)
+        if per_host != comm.size:
+            raise Unavailable(f"one host only: DeepSpeed's shm allreduce needs every rank on one host, "
+                              f"not {comm.size} ranks with {per_host} on this one")
+        if comm.size < 2:
+            raise Unavailable("needs >= 2 ranks: on one, inference_all_reduce returns its tensor untouched")
+        os.environ["DS_ACCELERATOR"] = "cpu"  # read when deepspeed is imported
+        try:
+            import deepspeed
+            import deepspeed.comm
+            import torch
+        except ImportError as e:
+            raise Unavailable(f"{e}: pip install deepspeed=={self.VERSION} ninja") from None
+        self.comm, self.kind, self.torch, self.ds_comm = comm, kind, torch, deepspeed.comm
+        # the op's OpenMP loops run in torch's libgomp, which read OMP_NUM_THREADS when torch was imported
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // comm.size)))
+        self.version = deepspeed.__version__
+        failures = [f for f in comm.allgather(self._load_op()) if f]
+        if failures:  # every rank decides alike, or the rendezvous below would hang
+            raise Unavailable(failures[0])
+        address, port = store_address(comm)
+        # one host: the local rank is the rank; LOCAL_SIZE = the world size is what turns the shm op on
+        os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(comm.rank), WORLD_SIZE=str(comm.size),
+                          LOCAL_RANK=str(comm.rank), LOCAL_SIZE=str(comm.size))
+        with contextlib.redirect_stdout(sys.stderr):  # its chatter would land above the table
+            deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+        # this rank's segment (2 x 1 MiB + 2 x 32 MiB), named from MASTER_ADDR and MASTER_PORT; shm.cpp never removes it
+        self.segment = Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_{address}_{port}_{comm.rank}"
+        self.dtypes = self._shm_dtypes()
+        if "float32" not in self.dtypes or not self.segment.exists():
+            raise RuntimeError(f"deepspeed: inference_all_reduce did not take the shm op for float32 (no segment "
+                               f"{self.segment}, or it fell back to torch.distributed.all_reduce): it would time gloo")
+
+    @staticmethod
+    def _load_op() -> Optional[str]:
+        """Build (the first time) or load DeepSpeed's shm op: None, or why it failed."""
+        from deepspeed.accelerator import get_accelerator
+
+        if shutil.which("ninja") is None:  # pip's ninja lies beside this Python where its venv is not activated
+            os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                get_accelerator().create_op_builder("ShareMemCommBuilder").load(verbose=False)
+        except Exception as e:  # no compiler, no ninja, a failed build: DeepSpeed raises them all as RuntimeError
+            return f"DeepSpeed's shm op did not build: {e}"
+        return None
+
+    def _shm_dtypes(self) -> tuple[str, ...]:
+        """The dtypes whose calls take the shm op: one call each with DeepSpeed's fallback replaced by a tripwire
+        (every rank on the host takes the same route, so none waits in the fallback), and its sum checked."""
+        dist, n = self.torch.distributed, self.comm.size
+        fallback, fell_back = dist.all_reduce, []
+        dist.all_reduce = lambda *args, **kwargs: fell_back.append(True)
+        taken = []
+        try:
+            for name in self._SHM_DTYPES:
+                fell_back.clear()
+                probe = self.torch.full((1024,), self.comm.rank + 1, dtype=getattr(self.torch, name))
+                self.ds_comm.inference_all_reduce(probe)
+                if not fell_back and bool((probe == n * (n + 1) // 2).all()):
+                    taken.append(name)
+        finally:
+            dist.all_reduce = fallback
+        everywhere = set.intersection(*map(set, self.comm.allgather(taken)))
+        return tuple(name for name in self._SHM_DTYPES if name in everywhere)
+
+    def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
+        if coll.name != "allreduce":
+            return "DeepSpeed's shm op is an allreduce only"
+        if op != "sum":
+            return "DeepSpeed's shm allreduce sums only"
+        if dtype.name in self._SHM_DTYPES and dtype.name not in self.dtypes:
+            return f"DeepSpeed falls back to gloo for {dtype.name} on this CPU (its shm kernel needs AVX-512BW)"
+        if dtype.name not in self.dtypes:
+            return f"DeepSpeed's shm op sums {', '.join(self._SHM_DTYPES)} only"
+        if not in_place:
+            return "in place only: inference_all_reduce reduces its tensor where it lies"
+        return None
+
+    def describe(self) -> str:
+        return (f"deepspeed {self.version}: the cpu accelerator's shm op for {', '.join(self.dtypes)}, "
+                f"{self.torch.get_num_threads()} OpenMP thread(s); torch {self.torch.__version__}")
+
+    def allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        self.ds_comm.inference_all_reduce(self.kind.as_torch(recv))
+
+    def close(self) -> None:
+        self.comm.Barrier()  # every rank mapped every segment in the constructor: none is opened after this
+        self.segment.unlink(missing_ok=True)
+
+
 class WrongBackend(MpiBackend):
     """For the harness's own tests only (hidden from --help): MPI, then rank 0 corrupts one element."""
 
@@ -328,8 +445,9 @@ class WrongBackend(MpiBackend):
         self._corrupt(recv)
 
 
-_BACKENDS = {b.name: b for b in (HfrBackend, MpiBackend, MpiStagedBackend, GlooBackend, NcclBackend, WrongBackend)}
-BACKEND_NAMES = ("hfr", "mpi", "mpi-staged", "gloo", "nccl")  # the public ones, in table order
+_BACKENDS = {b.name: b for b in (HfrBackend, MpiBackend, MpiStagedBackend, GlooBackend, NcclBackend, DeepSpeedBackend,
+                                  WrongBackend)}
+BACKEND_NAMES = ("hfr", "mpi", "mpi-staged", "gloo", "nccl", "deepspeed")  # the public ones, in table order
 
 
 HFR_ALGO_NAMES = tuple(f"hfr:{algo}" for algo in ALGOS)  # hfr with one inter-node algorithm forced

@@ -19,9 +19,9 @@ import numpy as np
 from mpi4py import MPI
 
 from . import report
-from .arrays import ArrayKind
+from .arrays import KINDS, ArrayKind
 from .backends import BACKEND_NAMES, HFR_ALGO_NAMES, Unavailable, make_backend
-from .collectives import COLLECTIVES, DTYPES, OPS, Collective, count_wrong, poison, rank_input
+from .collectives import COLLECTIVES, DTYPES, OPS, Collective, count_wrong, rank_input
 from .links import LinkMeter
 
 __all__ = ["main", "parse_args", "parse_size", "sweep_sizes", "Result"]
@@ -65,7 +65,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("-d", "--datatype", choices=list(DTYPES), default="float32")
     p.add_argument("-r", "--root", type=int, default=0, help="root of reduce and broadcast (default 0)")
     p.add_argument("--collective", choices=list(COLLECTIVES), default="allreduce")
-    p.add_argument("--array", choices=("numpy", "cupy"), default="numpy")
+    p.add_argument("--array", choices=KINDS, default="numpy",
+                   help="NumPy arrays, torch CPU tensors or CuPy arrays (default numpy)")
     p.add_argument("--backends", default=",".join(BACKEND_NAMES),
                    help=f"comma-separated, timed in this order (default {','.join(BACKEND_NAMES)}); "
                         f"hfr:ALGO forces an inter-node algorithm, one of {','.join(HFR_ALGO_NAMES)}")
@@ -144,7 +145,7 @@ class Sweep:
     def prepare(self, in_place: bool) -> None:
         """Poison the output and restore the input, so no call sees old results; then wait for the device."""
         send, recv = self.buffers(in_place)
-        poison(recv)
+        self.kind.poison(recv)
         self.kind.copy(send, self.pristine)
         self.kind.synchronize()
 

@@ -98,6 +98,8 @@ class Report:
             "hosts": sorted(set(hosts)),
             "ranks_per_host": ranks_per_host(comm),
             "hfr": next((b.describe() for b in backends if b.name == "hfr"), f"hfr: {missing.get('hfr', 'not run')}"),
+            "peers": {b.name: b.describe() for b in backends  # those that say more than their name (deepspeed)
+                      if b.name.split(":")[0] != "hfr" and hasattr(b, "describe")},
             "mpi": MPI.Get_library_version().replace("\0", "").splitlines()[0].strip(),
             "mpi4py": mpi4py.__version__,
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -124,6 +126,8 @@ class Report:
         self._print(f"# date {lay['date']}, host {socket.gethostname()}, hosts {', '.join(lay['hosts'])}")
         self._print(f"# ranks {lay['ranks']}, {lay['ranks_per_host']} per host; {lay['hfr']}")
         self._print(f"# {lay['mpi']}; mpi4py {lay['mpi4py']}")
+        for peer in lay["peers"].values():
+            self._print(f"# {peer}")
         self._print(f"# time: median over {a.iters} iterations ({a.warmup_iters} warm-up) of the slowest rank, "
                     f"MPI barrier before each call; check {'on' if a.check else 'off'} (seed {a.seed})")
         self._print(f"# busbw = algbw x {self.coll.name}'s bus factor, here {self.coll.bus_factor(self.comm.size):.3f}")
