@@ -87,8 +87,8 @@ def _node_protocol(engine, x: np.ndarray) -> Callable[[], object]:
         for schedule in (vote, rail):
             if schedule is not None:
                 schedule.rewind()
-        if node_call.run(0, address, x.size, address, x.size, x.dtype, code, Op.SUM, op_code(Op.SUM), 0, True, vote,
-                         rail, False, folded):
+        if node_call.run(0, address, x.size, address, x.size, x.dtype, code, Op.SUM, op_code(Op.SUM), 0, vote, rail,
+                         folded):
             raise RuntimeError("the node's protocol did not end DONE")
 
     return run

@@ -7,8 +7,8 @@ communicator is closed or has failed (broken), and may run on its caller's threa
 unfinished; otherwise the progress thread runs it. One call runs at a time, on whichever thread (the
 running lock).
 
-allreduce() takes the blocking allreduce of an array that fits in one chunk, the call that small
-messages make, where Python around the C protocol (hfr/_node_call.pyx) cost more than the protocol
+allreduce() takes the blocking allreduce of a NumPy array (of any size on one node, of one chunk across
+nodes), the call that small messages make, where Python around the C protocol (hfr/_node_call.pyx) cost more than the protocol
 (bench/RESULTS.md): checked, admitted, run and counted out here. A NumPy array, and once the engine has
 met a CuPy array (take_cuda) a CuPy array on that device, staged in C on the caller's current stream of
 the device. It returns None, before admitting it, for anything else, and the engine's Python takes that
@@ -224,8 +224,10 @@ cdef class Front:
         else:
             return None
         cdef int k = self._op_code(op)
-        if k < 0 or k == AVG and not self.floating[o.dtype] or o.count * self.itemsizes[o.dtype] > self.chunk_bytes:
+        if k < 0 or k == AVG and not self.floating[o.dtype]:
             return None
+        if (o.cuda or self.nnodes > 1) and o.count * self.itemsizes[o.dtype] > self.chunk_bytes:
+            return None  # those calls run in C in one chunk only
         cdef bint inline = True  # admitted to run here only when no other call is unfinished
         if self._count_in(&inline, True) is not None or not inline:
             return None

@@ -53,7 +53,7 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
 cimport numpy as cnp
-from hfr._kernels cimport Kind, kernel_kind, op_code, reduce_nogil
+from hfr._kernels cimport STORES_BY_SIZE, Kind, kernel_kind, op_code, reduce_nogil
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_nap, hfr_now, raise_pending, sched_yield, signal_raised
 
 import ctypes
@@ -192,7 +192,7 @@ cdef void _advance_up(Flow* f, Call* c) noexcept nogil:
             for i in range(f.nchildren):
                 inputs[1 + i] = _slot(f, b, i)
             if reduce_nogil(c.kind, c.itemsize, _block(f, c, b), inputs, 1 + f.nchildren,
-                            _block_bytes(f, c, b) // c.itemsize, c.code, c.threads, 1):
+                            _block_bytes(f, c, b) // c.itemsize, c.code, c.threads, 1, STORES_BY_SIZE):
                 _failed(NO_MEMORY, c)
                 return
         if not is_root:
@@ -524,7 +524,7 @@ cdef bint _advance_swaps(void* state, Call* c, bint* done) noexcept nogil:
                 not s.head or _merge_votes(<long long*>(mine - s.head), <long long*>(s.theirs - s.head))):
             # the kernel's out may alias its first input only: theirs first goes into theirs, then to buf
             inputs[0], inputs[1] = (mine, s.theirs) if step.received == OWN_FIRST else (s.theirs, mine)
-            if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, count, c.code, c.threads, 1):
+            if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, count, c.code, c.threads, 1, STORES_BY_SIZE):
                 _failed(NO_MEMORY, c)
                 break
             if step.received == THEIRS_FIRST:
@@ -697,7 +697,7 @@ cdef int _combine_segment(RingState* r, Call* c, int segment) noexcept nogil:
     while g * r.granule < end:
         lo, hi = max(g * r.granule, r.first) - r.first, min((g + 1) * r.granule, end) - r.first
         inputs[0], inputs[1] = c.buf + lo * c.itemsize, r.theirs + at * c.itemsize
-        if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, hi - lo, c.code, c.threads, 1):
+        if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, hi - lo, c.code, c.threads, 1, STORES_BY_SIZE):
             return NO_MEMORY
         at += hi - lo
         g += r.n

@@ -157,8 +157,8 @@ if hfr_pool_init() != 0:
 __all__ = ["reduce", "parallel_copy", "data_address", "simd", "simd_levels", "use_simd"]
 
 cdef enum:
-    STREAM_MIN_BYTES = 1 << 20  # a smaller out is likely read again soon: leave it in the cache (from 1 MiB
-    # non-temporal stores made the engine 2x faster with 2-4 MiB chunks: bench/RESULTS.md)
+    STREAM_MIN_BYTES = 1 << 20  # STORES_BY_SIZE: a smaller out is likely read again soon: leave it in the cache
+    # (from 1 MiB non-temporal stores made the engine 2x faster with 2-4 MiB chunks: bench/RESULTS.md)
     BLOCK_ALIGN_BYTES = 64  # blocks start on cache lines, so threads never write one line together
     MIN_BYTES_PER_THREAD = 256 * 1024  # below this much memory traffic per thread, another costs more than it saves
 
@@ -232,14 +232,14 @@ cdef int _run_block(void* job, int block) noexcept nogil:
 
 
 cdef int _reduce(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py_ssize_t n, int op,
-                 int threads, Py_ssize_t divisor) noexcept nogil:
+                 int threads, Py_ssize_t divisor, Stores stores) noexcept nogil:
     """Cut [0, n) into `threads` cache-line-aligned blocks, one per thread. Returns the number of
     blocks that could not get their scratch tiles (then out is partly written)."""
     cdef Py_ssize_t align = BLOCK_ALIGN_BYTES // itemsize
     cdef Job job
     job.kind, job.out, job.xs, job.k, job.n, job.op, job.divisor = kind, out, xs, k, n, op, divisor
     job.per = ((n + threads - 1) // threads + align - 1) // align * align
-    job.stream = n * itemsize >= STREAM_MIN_BYTES
+    job.stream = stores == STREAMED or stores == STORES_BY_SIZE and n * itemsize >= STREAM_MIN_BYTES
     if threads == 1:
         return _run_block(&job, 0)
     return hfr_pool_run(_run_block, &job, threads)
@@ -261,16 +261,17 @@ cdef Kind kernel_kind(object dtype, int code) except *:
 
 
 cdef int reduce_nogil(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py_ssize_t n, int code,
-                      int threads, Py_ssize_t divisor) noexcept nogil:
+                      int threads, Py_ssize_t divisor, Stores stores) noexcept nogil:
     """out = xs[0] op ... op xs[k-1] over n elements on up to `threads` threads (fewer for small n); a
-    divisor other than 1 divides a float sum by it (avg). Returns nonzero when scratch tiles could not be
-    had (then out is partly written)."""
-    return _reduce(kind, itemsize, out, xs, k, n, code, _threads_for((k + 1) * n * itemsize, threads), divisor)
+    divisor other than 1 divides a float sum by it (avg); out's stores as `stores` says. Returns nonzero
+    when scratch tiles could not be had (then out is partly written)."""
+    return _reduce(kind, itemsize, out, xs, k, n, code, _threads_for((k + 1) * n * itemsize, threads), divisor,
+                   stores)
 
 
-cdef int copy_nogil(void* dst, void* src, Py_ssize_t nbytes, int threads) noexcept nogil:
+cdef int copy_nogil(void* dst, void* src, Py_ssize_t nbytes, int threads, Stores stores) noexcept nogil:
     """dst[:nbytes] = src[:nbytes] with the kernel's threading (one thread below its per-thread minimum)."""
-    return reduce_nogil(U8, 1, dst, &src, 1, nbytes, SUM, threads, 1)
+    return reduce_nogil(U8, 1, dst, &src, 1, nbytes, SUM, threads, 1, stores)
 
 
 def reduce(cnp.ndarray out, list inputs, op, int threads, Py_ssize_t divisor=1) -> None:
@@ -292,7 +293,7 @@ def reduce(cnp.ndarray out, list inputs, op, int threads, Py_ssize_t divisor=1) 
             xs[j] = cnp.PyArray_DATA(inputs[j])
         with nogil:
             failed = _reduce(kind, itemsize, cnp.PyArray_DATA(out), xs, k, n, code,
-                             _threads_for((k + 1) * n * itemsize, threads), divisor if avg else 1)
+                             _threads_for((k + 1) * n * itemsize, threads), divisor if avg else 1, STORES_BY_SIZE)
     finally:
         free(xs)
     if failed:
@@ -312,4 +313,4 @@ def parallel_copy(cnp.ndarray dst, cnp.ndarray src, int threads) -> None:
     cdef void* s = cnp.PyArray_DATA(src)
     cdef Py_ssize_t n = dst.nbytes
     with nogil:
-        copy_nogil(d, s, n, threads)
+        copy_nogil(d, s, n, threads, STORES_BY_SIZE)

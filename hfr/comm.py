@@ -57,6 +57,7 @@ class Communicator:
                 chunk, algo = settings.chunk_bytes(chunk_bytes), settings.algo()
                 wanted = topology.requested_local_size(local_size)
                 settings.num_threads()
+                settings.cache_bytes()
                 kernel = kernels.backend_name()  # HFR_KERNEL names a backend that works here
             except (ValueError, TypeError, HFRError) as error:
                 problem = error
@@ -78,7 +79,8 @@ class Communicator:
                 raise
             if self._layout.size > 1:
                 self._engine = Engine(self._comm, self._layout, node_comm, rail_comm, chunk_bytes=chunk, timeout=wait,
-                                      threads=settings.threads(self._layout.host_size), algo=algo)
+                                      threads=settings.threads(self._layout.host_size), algo=algo,
+                                      cache_bytes=settings.cache_bytes())
                 self._front = self._engine.front
             else:
                 node_comm.Free()

@@ -28,10 +28,12 @@ its slice over the rail inside the call check's vote (its record, hfr/_internode
 not two. Its ranks, agreeing within the node, publish ARRIVED and reduce their slice into the record
 before the vote; if the vote finds that nodes differ, each ends the chunk with no result (REDUCED,
 CONSUMED) before raising, so the node's counters agree for the next call.
+The protocol runs in C (hfr/_node_call.pyx, which keeps the sequence numbers of every call) for every
+host array's call on one node, cut there into **cache chunks** (cache_chunk_bytes) rather than chunks of
+chunk_bytes, and for the calls of one chunk that _run names; this Python loop runs the rest.
 The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock
-for the call that runs, and runs a blocking allreduce of one chunk itself (a host array, or a CuPy
-array on this engine's device once _copies has met one), with the protocol in C (hfr/_node_call.pyx),
-which keeps the sequence numbers of every call.
+for the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's of one
+chunk on this engine's device once _copies has met one) in C.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import _kernels, _node_call, _wait, internode, kernels
+from . import _kernels, _node_call, _wait, internode, kernels, topology
 from ._front import Front, rail_shape_key
 from ._node_call import slice_bounds
 from .arrays import Array, inspect
@@ -64,7 +66,7 @@ try:  # waits on the counters with the GIL released; Python polling where it is 
 except ImportError:  # pragma: no cover - the extension is built by pip install
     _spin_all_reached = None
 
-__all__ = ["Engine", "Call", "COLLECTIVES"]
+__all__ = ["Engine", "Call", "COLLECTIVES", "cache_chunk_bytes"]
 
 STAGES = 3
 ANNOUNCED, ARRIVED, REDUCED, CONSUMED = 0, 8, 16, 24  # control words, one cache line apart
@@ -85,6 +87,17 @@ _STAGED = ("allreduce", "reduce", "reduce_scatter")  # the CUDA calls that run i
 _RAIL_IN_C = ("doubling", "halving")  # the inter-node algorithms a call in C polls (hfr/_internode.pyx's Doubling)
 _RAIL_SHAPES_KEPT = 64  # calls in C across nodes: the rail schedules kept for this many call shapes
 _FOLDED_UP_TO_BYTES = internode.VOTE_ROOM_BYTES  # folded calls (the terms above): at most the vote record's room
+MIN_CACHE_CHUNK_BYTES = 256 * 1024  # below this a chunk's hand-offs cost more than the cache saves
+
+
+def cache_chunk_bytes(cache_bytes: int, local_size: int, chunk_bytes: int) -> int:
+    """The chunk of a host array's call on one node: the largest multiple of 4 KiB whose STAGES stages
+    (local_size input slots and a result slot each) fit half of cache_bytes, the node's share of the
+    cache, within [MIN_CACHE_CHUNK_BYTES, chunk_bytes]; chunk_bytes where the cache is unknown (0)."""
+    if cache_bytes <= 0:
+        return chunk_bytes
+    fitting = cache_bytes // 2 // (STAGES * (local_size + 1)) // 4096 * 4096
+    return min(chunk_bytes, max(fitting, MIN_CACHE_CHUNK_BYTES))
 
 
 @dataclass
@@ -130,16 +143,23 @@ class Engine:
     """Owns the segment and the progress thread; runs the calls submitted to it, in order."""
 
     def __init__(self, comm: MPI.Comm, layout: Layout, node_comm: MPI.Comm, rail_comm: MPI.Comm,
-                 *, chunk_bytes: int, timeout: float, threads: int, algo: str):
+                 *, chunk_bytes: int, timeout: float, threads: int, algo: str, cache_bytes: Optional[int] = None):
         self.layout = layout
         self.comm, self.node_comm, self.rail_comm = comm, node_comm, rail_comm
         self.chunk_bytes, self.timeout, self.threads, self.algo = chunk_bytes, timeout, threads, algo
         self.segment = Segment(node_comm, chunk_bytes, STAGES)
         self._reduce = kernels.unchecked_reducer()  # our slots and slices are valid by construction
+        # The node's share of its host's last-level cache (HFR_CACHE_BYTES, else sysfs's), the same on
+        # every rank of the node: a host array's call on one node is cut into chunks whose stages in
+        # flight fit half of it (hfr/_node_call.pyx).
+        if cache_bytes is None:
+            cache_bytes = topology.host_cache_bytes() * layout.local_size // layout.host_size
+        self.cache_bytes = node_comm.allreduce(cache_bytes, op=MPI.MIN)
+        self.cache_chunk = cache_chunk_bytes(self.cache_bytes, layout.local_size, chunk_bytes)
         self._node_call = _node_call.NodeCall(
             self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
             self.segment.slot_address(0, 0), self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
-            layout.rank, threads, internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+            layout.rank, threads, internode.YIELD_POLL_S, internode.POLL_SLEEP_S, self.cache_bytes, self.cache_chunk)
         # Calls in C across nodes poll the call check's vote and their slice's allreduce over the rail,
         # or the vote alone carrying the slice (folded, _FOLDED_UP_TO_BYTES): made once (the bare vote)
         # or once per call shape (sharing one scratch, or the vote's record: calls run one at a time),
@@ -303,13 +323,13 @@ class Engine:
     def front_failed(self, x: Any, op: Any, out: Any, ended: Any, g: int, vote, rail) -> BaseException:
         """What an allreduce that the front ran in C raises where it did not end DONE: ended is its outcome,
         or the exception that stopped it (Ctrl-C in a wait); as for the engine's own calls
-        (_run_one_chunk_in_c, then _execute)."""
+        (_run_in_c, then _execute)."""
         call = self.front_call(x, op, out)
         try:
             if isinstance(ended, BaseException):
                 internode.abandon(vote, rail)
                 raise ended
-            self._one_chunk_failed(call, ended, g, vote, rail)  # raises
+            self._c_call_failed(call, ended, g, vote, rail)  # raises
         except BaseException as failure:
             return self._failed(call, failure)
 
@@ -319,17 +339,18 @@ class Engine:
         # A call of one chunk runs in C (hfr/_node_call.pyx), with the Cython kernel: a host array's
         # straight, a CUDA array's staged whole in our input slot where it is reduced from there; across
         # nodes those that reduce (_STAGED), with the rail's schedule in C too (_RAIL_IN_C).
-        in_c = self.front.in_c and 0 < call.nbytes <= self.chunk_bytes and (
-            call.collective in _STAGED and (self.layout.nnodes == 1 or self._algo_for(call) in _RAIL_IN_C)
-            or x.kind == "numpy" and self.layout.nnodes == 1)
+        in_c = self.front.in_c and (
+            x.kind == "numpy" and self.layout.nnodes == 1
+            or 0 < call.nbytes <= self.chunk_bytes and call.collective in _STAGED and (
+                self.layout.nnodes == 1 or self._algo_for(call) in _RAIL_IN_C))
         if in_c and x.kind == "numpy":
-            self._run_one_chunk_in_c(call, None)
+            self._run_in_c(call, None)
             return
         with self._cuda_device(x):
             copies = self._copies(x)
             try:
                 if in_c:
-                    self._run_one_chunk_in_c(call, copies)
+                    self._run_in_c(call, copies)
                 else:
                     self._run_chunks(call, copies)
             except BaseException:
@@ -484,11 +505,11 @@ class Engine:
         self._publish(CONSUMED, g + 1)  # no copy out is pending: every call retires its own
         self._node_call.chunks_done = g + 1
 
-    def _run_one_chunk_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
-        """The steps of _run_chunks for its one chunk g, with the GIL released throughout (across nodes
-        with the rail's vote and allreduce polled in C too). With copies (a CUDA array) the call is staged
-        in C (hfr/_node_call.pyx): x copied whole into our input slot first and our part of the result out
-        after, on the caller's stream for a call run on its thread, else on ours after the caller's ready
+    def _run_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
+        """The steps of _run_chunks in C, with the GIL released throughout (across nodes, for one chunk, with
+        the rail's vote and allreduce polled in C too). With copies (a CUDA array, one chunk) the call is
+        staged in C (hfr/_node_call.pyx): x copied whole into our input slot first and our part of the result
+        out after, on the caller's stream for a call run on its thread, else on ours after the caller's ready
         event."""
         x, out, g = call.x, call.out, self._node_call.chunks_done
         code = _COLLECTIVE_CODES[call.collective]
@@ -506,7 +527,7 @@ class Engine:
             internode.abandon(vote, rail)
             raise
         if outcome != _node_call.Outcome.DONE:
-            self._one_chunk_failed(call, outcome, g, vote, rail)
+            self._c_call_failed(call, outcome, g, vote, rail)
 
     def _folded(self, call: Call) -> bool:
         """Whether the call's one chunk goes over the rail with the call check's vote (folded, the terms
@@ -549,9 +570,9 @@ class Engine:
                                   scratch=self._rail_scratch)
         return self._vote, rail, False
 
-    def _one_chunk_failed(self, call: Call, outcome: int, g: int, vote, rail) -> None:
-        """Raise what the C path's outcome means, as the Python loop would have at the same step (NodeCall
-        counted the call and its chunk as that loop would)."""
+    def _c_call_failed(self, call: Call, outcome: int, g: int, vote, rail) -> None:
+        """Raise what the outcome of a call in C from chunk g on means, as the Python loop would have at the
+        same step (NodeCall counted the call and its chunks as that loop would)."""
         Outcome = _node_call.Outcome
         if outcome == Outcome.WAIT_CALL:
             raise self._timed_out(f"{call.collective}: the node's ranks to make the call",
@@ -574,8 +595,10 @@ class Engine:
             raise MemoryError("no memory for the kernel's scratch tiles")
         if outcome == Outcome.CUDA_FAILED:
             raise RuntimeError(self._node_call.cuda_failure)
-        where = f"{call.collective} chunk 1/1"
+        c = self._node_call.failed_chunk
+        where, g = f"{call.collective} chunk {c + 1}/{self._node_call.call_chunks}", g + c
         column, target, what = {
+            Outcome.WAIT_INPUT_SLOT: (REDUCED, g - STAGES + 1, f"{where}: the node's ranks to finish reading our input slot"),
             Outcome.WAIT_RESULT_SLOT: (CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out"),
             Outcome.WAIT_ARRIVED: (ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in"),
             Outcome.WAIT_PREVIOUS_RESULT: (CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out"),

@@ -5,7 +5,7 @@ import os
 import re
 from typing import Optional, Union
 
-__all__ = ["chunk_bytes", "timeout", "num_threads", "threads", "algo", "DEFAULT_CHUNK_BYTES", "DEFAULT_TIMEOUT"]
+__all__ = ["chunk_bytes", "timeout", "num_threads", "threads", "algo", "cache_bytes", "DEFAULT_CHUNK_BYTES", "DEFAULT_TIMEOUT"]
 
 DEFAULT_CHUNK_BYTES = 8 << 20  # measured: 186 MiB on CuPy, n=4, 23.7 ms vs 33.8 with 4 MiB (bench/RESULTS.md)
 DEFAULT_TIMEOUT = 300.0  # seconds a rank waits for a peer before HFRTimeoutError
@@ -72,3 +72,10 @@ def algo() -> str:
     if name not in ALGOS:
         raise ValueError(f"HFR_ALGO={name!r}: expected one of {list(ALGOS)}")
     return name
+
+
+def cache_bytes() -> Optional[int]:
+    """HFR_CACHE_BYTES, the last-level cache a node's calls are planned for (0: none, every store streams
+    past it), checked; None where it is not set (the host's, as sysfs tells it)."""
+    env = os.environ.get("HFR_CACHE_BYTES", "").strip()
+    return parse_bytes(env, "HFR_CACHE_BYTES") if env else None

@@ -12,7 +12,7 @@ from typing import Optional
 
 from mpi4py import MPI
 
-__all__ = ["Layout", "split", "requested_local_size"]
+__all__ = ["Layout", "split", "requested_local_size", "host_cache_bytes"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,38 @@ class Layout:
     rank_nodes: tuple  # the node of every global rank
     rail_ranks: tuple  # global ranks of this rank's rail, by node
     host_size: int  # ranks on this rank's host (more than local_size when nodes are emulated)
+
+
+def host_cache_bytes(cpus: str = "/sys/devices/system/cpu") -> int:
+    """The host's last-level cache: the size of the highest cache level the CPUs report (sysfs), times
+    the number of its instances (CPUs that share one list the same CPUs); 0 where sysfs does not say."""
+    sizes: dict[str, int] = {}  # one instance of the last level, by the CPUs sharing it
+    top = 0
+    try:
+        for cpu in os.listdir(cpus):
+            caches = os.path.join(cpus, cpu, "cache")
+            if not (cpu.startswith("cpu") and cpu[3:].isdigit() and os.path.isdir(caches)):
+                continue
+            for index in os.listdir(caches):
+                path = os.path.join(caches, index)
+                if not index.startswith("index") or _read(path, "type") == "Instruction":
+                    continue
+                level, size, shared = int(_read(path, "level")), _read(path, "size"), _read(path, "shared_cpu_list")
+                if level > top:
+                    top, sizes = level, {}
+                if level == top:
+                    sizes[shared] = int(size[:-1]) << _SHIFTS[size[-1]] if size[-1] in _SHIFTS else int(size)
+    except (OSError, ValueError, KeyError, IndexError):
+        return 0
+    return sum(sizes.values())
+
+
+_SHIFTS = {"K": 10, "M": 20, "G": 30}  # sysfs writes cache sizes as 32K, 1024K, 32768K
+
+
+def _read(path: str, name: str) -> str:
+    with open(os.path.join(path, name)) as f:
+        return f.read().strip()
 
 
 def requested_local_size(local_size: Optional[int]) -> Optional[int]:

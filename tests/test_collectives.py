@@ -84,3 +84,33 @@ def test_arrays_past_32_bit_counts_and_4_gib(local_size):
 
 def test_close_closes_the_default_communicator():
     assert run_mpi(2, "close_worker.py", timeout=60).stdout.count("close ok") == 2
+
+
+def test_a_host_call_on_one_node_is_cut_into_chunks_that_fit_half_the_cache():
+    from hfr.engine import MIN_CACHE_CHUNK_BYTES, STAGES, cache_chunk_bytes
+
+    chunk = cache_chunk_bytes(32 << 20, 2, 8 << 20)  # 3 stages of 3 slots in 16 MiB
+    assert chunk % 4096 == 0 and STAGES * 3 * chunk <= 16 << 20 < STAGES * 3 * (chunk + 4096)
+    assert cache_chunk_bytes(0, 4, 8 << 20) == 8 << 20  # the cache unknown: the Communicator's chunk
+    assert cache_chunk_bytes(1 << 20, 4, 8 << 20) == MIN_CACHE_CHUNK_BYTES
+    assert cache_chunk_bytes(1 << 30, 2, 8 << 20) == 8 << 20
+
+
+def test_the_host_cache_is_the_last_level_of_sysfs_over_its_instances(tmp_path):
+    from hfr.topology import host_cache_bytes
+
+    def cache(cpu, index, level, kind, size, shared):
+        path = tmp_path / f"cpu{cpu}" / "cache" / f"index{index}"
+        path.mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+            (path / name).write_text(f"{value}\n")
+
+    for cpu in range(4):
+        cache(cpu, 0, 1, "Data", "48K", cpu)
+        cache(cpu, 1, 1, "Instruction", "32K", cpu)
+        cache(cpu, 2, 2, "Unified", "2048K", cpu)
+        cache(cpu, 3, 3, "Unified", "32768K", "0-1" if cpu < 2 else "2-3")  # two sockets' L3
+        (tmp_path / f"cpu{cpu}" / "cache" / "uevent").write_text("\n")
+    (tmp_path / "cpufreq").mkdir()
+    assert host_cache_bytes(str(tmp_path)) == 64 << 20
+    assert host_cache_bytes(str(tmp_path / "absent")) == 0

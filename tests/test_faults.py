@@ -116,6 +116,10 @@ def test_bad_settings_are_named(monkeypatch):
     monkeypatch.setenv("HFR_LOCAL_SIZE", "two")
     with pytest.raises(ValueError, match="HFR_LOCAL_SIZE='two'"):
         hfr.Communicator(MPI.COMM_SELF)
+    monkeypatch.delenv("HFR_LOCAL_SIZE")
+    monkeypatch.setenv("HFR_CACHE_BYTES", "-1M")
+    with pytest.raises(ValueError, match="HFR_CACHE_BYTES='-1M' is not a number of bytes"):
+        hfr.Communicator(MPI.COMM_SELF)
     with pytest.raises(TypeError, match="intra-communicator"):
         hfr.Communicator("COMM_WORLD")
 

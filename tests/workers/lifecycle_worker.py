@@ -2,8 +2,9 @@
 per run (argv[1]). The last rank is the odd one out; every rank checks what it must get, then leaves a
 file FAULT_DIR/rankN.ok (a printed line may be lost once a peer has left the job).
 
-settings  the last rank has a bad HFR_ALGO, then another chunk size, then another HFR_ALGO: an error on
-          every rank each time, never a hang; then a good Communicator works.
+settings  the last rank has a bad HFR_ALGO, then another chunk size, then another HFR_ALGO, then a bad
+          HFR_CACHE_BYTES: an error on every rank each time, never a hang; then a good Communicator works
+          (its ranks' HFR_CACHE_BYTES differing).
 absent    the last rank never makes its first call: hfr.allreduce (the default Communicator) gives
           HFRTimeoutError on the others within the timeout + 5 s.
 close     the last rank's communicator fails (it alone calls, and times out); the others' close() then
@@ -68,6 +69,10 @@ if scenario == "settings":
     os.environ["HFR_KERNEL"] = "numpy" if rank == last else "cython"
     expect(ValueError, "HFR_KERNEL must be the same on every rank", lambda: hfr.Communicator(world, timeout=TIMEOUT))
     del os.environ["HFR_KERNEL"]
+    if rank == last:
+        os.environ["HFR_CACHE_BYTES"] = "lots"
+    expect(ValueError, "HFR_CACHE_BYTES='lots' is not a number of bytes", lambda: hfr.Communicator(world, timeout=TIMEOUT))
+    os.environ["HFR_CACHE_BYTES"] = str(rank << 20)  # ranks may differ: a node plans for the least
     with hfr.Communicator(world, timeout=TIMEOUT) as comm:
         x = np.arange(1000, dtype=np.float32) + rank
         assert np.array_equal(comm.allreduce(x), np.arange(1000, dtype=np.float32) * size + size * (size - 1) / 2)
