@@ -7,11 +7,12 @@ communicator is closed or has failed (broken), and may run on its caller's threa
 unfinished; otherwise the progress thread runs it. One call runs at a time, on whichever thread (the
 running lock).
 
-allreduce() takes the blocking allreduce of a NumPy array (of any size on one node, of one chunk across
-nodes), the call that small messages make, where Python around the C protocol (hfr/_node_call.pyx) cost more than the protocol
-(bench/RESULTS.md): checked, admitted, run and counted out here. A NumPy array, and once the engine has
-met a CuPy array (take_cuda) a CuPy array on that device, staged in C on the caller's current stream of
-the device. It returns None, before admitting it, for anything else, and the engine's Python takes that
+allreduce() takes the blocking allreduce, where Python around the C protocol (hfr/_node_call.pyx) cost
+more than the protocol (bench/RESULTS.md): checked, admitted, run and counted out here. A NumPy array or
+a CPU torch tensor (its pointer, dtype and shape read from the tensor: no DLPack view) of any size on one
+node, of one chunk across nodes; and once the engine has met a CuPy array (take_cuda) a CuPy array of one
+chunk on that device, staged in C on the caller's current stream of the device. It returns None, before
+admitting it, for anything else, and the engine's Python takes that
 call, raising what it raises: another array or argument, one that the checks would refuse, a call not to
 be run on this thread (another is unfinished). Across nodes a call shape whose rail schedules the engine
 has not made yet (it keeps them, by rail_shape_key, in the dict shared with this) is admitted here and
@@ -23,6 +24,8 @@ from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockS
                                PyThread_release_lock, PyThread_type_lock)
 from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memcmp
+
+import sys
 
 cimport numpy as cnp
 
@@ -59,6 +62,7 @@ cdef struct Operands:  # an allreduce's arrays, as allreduce() found them
     int dtype  # the wire code
     bint cuda  # on the CUDA device: copies on stream
     uintptr_t stream
+    bint tensor  # torch tensors
 
 
 cpdef tuple rail_shape_key(int stage, Py_ssize_t count, int dtype_code, int op_code):
@@ -93,6 +97,10 @@ cdef class Front:
     cdef Device cuda
     cdef int cuda_device
     cdef char* staging
+    # torch tensors, once torch is imported: torch.Tensor, torch.strided, each of DTYPES' torch dtype -> its
+    # wire code, and what inspect (hfr/arrays.py) asks of a tensor it writes
+    cdef object tensor_type, strided, grad_enabled, increment_version
+    cdef dict tensor_dtype_codes
 
     def __cinit__(self):
         self.order = PyThread_allocate_lock()
@@ -221,6 +229,9 @@ cdef class Front:
         elif type(x) is self.cuda_array and self.cuda is not None:
             if not self._cuda_operands(x, out, &o):
                 return None
+        elif self._is_tensor(x):
+            if not self._tensor_operands(x, out, &o):
+                return None
         else:
             return None
         cdef int k = self._op_code(op)
@@ -231,6 +242,12 @@ cdef class Front:
         cdef bint inline = True  # admitted to run here only when no other call is unfinished
         if self._count_in(&inline, True) is not None or not inline:
             return None
+        if o.tensor:  # the tensor that receives is written, as torch's in-place ops count it
+            try:
+                self.increment_version(x if out is None else out)
+            except BaseException:
+                self.leave()
+                raise
         cdef bint held = False
         try:
             self.hold()
@@ -261,7 +278,7 @@ cdef class Front:
         if b is not a and (cnp.PyArray_NDIM(b) != cnp.PyArray_NDIM(a) or
                            memcmp(cnp.PyArray_DIMS(b), cnp.PyArray_DIMS(a), cnp.PyArray_NDIM(a) * sizeof(cnp.npy_intp))):
             return False
-        o.x, o.out, o.cuda, o.stream = <char*>cnp.PyArray_DATA(a), <char*>cnp.PyArray_DATA(b), False, 0
+        o.x, o.out, o.cuda, o.stream, o.tensor = <char*>cnp.PyArray_DATA(a), <char*>cnp.PyArray_DATA(b), False, 0, False
         return _apart(o.x, o.out, cnp.PyArray_NBYTES(a))
 
     cdef bint _cuda_operands(self, x, out, Operands* o) except -1:
@@ -282,8 +299,43 @@ cdef class Front:
         o.x, o.out = <char*><uintptr_t>x_memory.ptr, <char*><uintptr_t>y_memory.ptr
         if not _apart(o.x, o.out, o.count * self.itemsizes[o.dtype]):
             return False
-        o.cuda, o.stream = True, self.current_stream(self.cuda_device).ptr
+        o.cuda, o.stream, o.tensor = True, self.current_stream(self.cuda_device).ptr, False
         return True
+
+    cdef bint _is_tensor(self, x) except -1:
+        """Whether x is a torch.Tensor (not a subclass); torch's types are taken once torch is imported."""
+        if self.tensor_type is None:
+            torch = sys.modules.get("torch")
+            if torch is None or not hasattr(torch, "autograd"):  # not imported, or not yet whole
+                return False
+            self.tensor_dtype_codes = {getattr(torch, d.name): code for d, code in self.dtype_codes.items()}
+            self.strided, self.grad_enabled = torch.strided, torch.is_grad_enabled
+            self.increment_version = torch.autograd.graph.increment_version
+            self.tensor_type = torch.Tensor
+        return type(x) is self.tensor_type
+
+    cdef bint _tensor_operands(self, x, out, Operands* o) except -1:
+        """Whether x and out (or None) are CPU tensors the front takes, as inspect (hfr/arrays.py) would pass
+        them: dense, of one of our dtypes, contiguous, not empty, the one written not requiring grad while
+        grad mode is on, out of x's dtype and shape, either x's memory or apart from it; into o."""
+        if not x.is_cpu or x.layout is not self.strided or not x.is_contiguous():
+            return False
+        o.dtype, o.count = self.tensor_dtype_codes.get(x.dtype, -1), x.numel()
+        if o.dtype < 0 or o.count == 0:
+            return False
+        o.x = o.out = <char*><uintptr_t>x.data_ptr()
+        y = x
+        if out is not None:  # in place needs no second look
+            y = out
+            if type(y) is not self.tensor_type or not y.is_cpu or y.layout is not self.strided:
+                return False
+            if y.dtype is not x.dtype or y.shape != x.shape or not y.is_contiguous():
+                return False
+            o.out = <char*><uintptr_t>y.data_ptr()
+        if y.requires_grad and self.grad_enabled():
+            return False
+        o.cuda, o.stream, o.tensor = False, 0, True
+        return _apart(o.x, o.out, o.count * self.itemsizes[o.dtype])
 
     cdef _run_held(self, x, op, out, Operands* o, int k):
         """Run the admitted allreduce, whose thread holds the running lock, raising its failure: in C,

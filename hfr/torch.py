@@ -62,11 +62,44 @@ def _reduce_bucket(state: Optional[Communicator], bucket: dist.GradBucket, op: O
         raise TypeError(f"the hook's state must be an hfr.Communicator or None, got {type(state).__name__}")
     comm = default_communicator() if state is None else state
     buffer = bucket.buffer()
-    return _hook_completer(comm).future([comm.allreduce_async(buffer, op)], lambda: buffer, buffer.device)
+    return _hook_completer(comm).call([comm.allreduce_async(buffer, op)], lambda: buffer, buffer.device).future
 
 
-# A call in a completer's queue: its hfr Works, what its future gets once they have finished, the future.
-_Pending = tuple[list[Work], Callable[[], Any], torch.futures.Future]
+class _Call:
+    """A call's hfr Works and the torch future that gets result() once they have finished, or their first
+    failure. The future is settled once, by whichever thread comes first: the completer, or a thread that
+    waits for the call (_Work.wait: one thread hand-off fewer for a blocking call). result() runs on that
+    thread: CUDA work it queues is on that thread's current stream, which the future records."""
+
+    def __init__(self, works: list[Work], result: Callable[[], Any], future: torch.futures.Future):
+        self.works, self.result, self.future = works, result, future
+        self._lock = threading.Lock()
+        self._settled = False
+
+    def finished(self) -> bool:
+        return all(work.done() for work in self.works)
+
+    def settle(self) -> None:
+        """Wait for the works, then complete the future, unless another thread has."""
+        error: Optional[BaseException] = None
+        try:
+            for work in self.works:
+                work.wait()
+        except BaseException as failure:
+            error = failure
+        with self._lock:
+            if self._settled:
+                return
+            self._settled = True
+            if error is None:
+                try:
+                    value = self.result()
+                except BaseException as failure:
+                    error = failure
+        if error is None:
+            self.future.set_result(value)
+        else:
+            self.future.set_exception(error)
 
 
 class _Completer:
@@ -76,17 +109,15 @@ class _Completer:
     completed, and one that waited for hfr there would stall every call."""
 
     def __init__(self) -> None:
-        self._pending: queue.SimpleQueue[Optional[_Pending]] = queue.SimpleQueue()  # None: stop
+        self._pending: queue.SimpleQueue[Optional[_Call]] = queue.SimpleQueue()  # None: stop
         self._thread = threading.Thread(target=self._complete, name="hfr-torch-futures", daemon=True)
         self._thread.start()
 
-    def future(self, works: list[Work], result: Callable[[], Any], device: torch.device) -> torch.futures.Future:
-        """A future that gets result() once every one of works has finished, or their first failure (on
-        this thread, which runs result() too: CUDA work it queues is on this thread's current stream,
-        which the future records)."""
-        future = torch.futures.Future(devices=[device] if device.type == "cuda" else None)
-        self._pending.put((works, result, future))
-        return future
+    def call(self, works: list[Work], result: Callable[[], Any], device: torch.device) -> _Call:
+        """The _Call of works, whose future this thread settles unless a waiter does first."""
+        call = _Call(works, result, torch.futures.Future(devices=[device] if device.type == "cuda" else None))
+        self._pending.put(call)
+        return call
 
     def stop(self) -> None:
         """End the thread once the futures already asked for are completed."""
@@ -98,22 +129,11 @@ class _Completer:
         self._thread.join()
 
     def _complete(self) -> None:
-        while (item := self._pending.get()) is not None:
-            self._settle(*item)
+        while (call := self._pending.get()) is not None:
+            call.settle()
             # hold no future (nor its CUDA events) while idle: one this thread dropped as it woke at exit
             # would be destroyed after CUDA's teardown
-            del item
-
-    @staticmethod
-    def _settle(works: list[Work], result: Callable[[], Any], future: torch.futures.Future) -> None:
-        try:
-            for work in works:
-                work.wait()
-            value = result()
-        except BaseException as error:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
+            del call
 
 
 _hook_completers: weakref.WeakKeyDictionary[Communicator, _Completer] = weakref.WeakKeyDictionary()
@@ -137,9 +157,9 @@ class _Work(dist.Work):
     makes of a future, _create_work_from_future, reports a failed future as a success and hands its
     exception over as the result)."""
 
-    def __init__(self, future: torch.futures.Future):
+    def __init__(self, call: _Call):
         super().__init__()
-        self._future = future
+        self._call, self._future = call, call.future
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         """Block until the call has finished; re-raise its failure. With a timeout (0: none), raise
@@ -147,10 +167,11 @@ class _Work(dist.Work):
         caller's current streams then wait for the result, as with a future's wait()."""
         if timeout:
             deadline = time.monotonic() + timeout.total_seconds()
-            while not self._future.done():
+            while not self._call.finished():
                 if time.monotonic() > deadline:
                     raise HFRTimeoutError(f"the hfr collective has not finished after {timeout.total_seconds()} s")
                 time.sleep(1e-3)
+        self._call.settle()
         self._future.wait()
         return True
 
@@ -176,6 +197,39 @@ class _Work(dist.Work):
         return self.exception() is None
 
 
+class _Finished(dist.Work):
+    """The Work of a call that ran before it was returned: complete, its failure (if any) raised by wait()
+    and by its future, as _Work's."""
+
+    def __init__(self, result: list[torch.Tensor], error: Optional[BaseException]):
+        super().__init__()
+        self._result, self._error = result, error
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        if self._error is not None:
+            raise self._error
+        return True
+
+    synchronize = wait
+
+    def get_future(self) -> torch.futures.Future:
+        future = torch.futures.Future()
+        if self._error is None:
+            future.set_result(self._result)
+        else:
+            future.set_exception(self._error)
+        return future
+
+    def is_completed(self) -> bool:
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
+    def is_success(self) -> bool:
+        return self._error is None
+
+
 # ------------------------------------------------------------------------------------- the backend
 # torch's reduce ops that hfr does; the others (BAND, BOR, BXOR, PREMUL_SUM) go to the gloo group.
 _OPS = [(dist.ReduceOp.SUM, Op.SUM), (dist.ReduceOp.AVG, Op.AVG), (dist.ReduceOp.MAX, Op.MAX),
@@ -199,7 +253,8 @@ class ProcessGroupHFR(dist.ProcessGroup):
     hfr.Communicator over the group's MPI ranks; everything else through a gloo group of the same ranks.
 
     Every call returns at once with a Work that completes once the data is in place (wait() blocks the
-    host until then; get_future() gives the tensors, as gloo's Works do); a failed call (ranks that
+    host until then; get_future() gives the tensors, as gloo's Works do), but a blocking all_reduce of one
+    CPU tensor (dist.all_reduce without async_op), which runs before it returns; a failed call (ranks that
     disagree, a peer that never comes) raises from wait(), from its future and from the blocking dist.*
     calls, on every rank. The group's calls complete independently of other groups'. Tensors must be
     contiguous, of a dtype hfr reduces, on the CPU or on one CUDA device: others raise
@@ -245,8 +300,25 @@ class ProcessGroupHFR(dist.ProcessGroup):
         op = _hfr_op(self._op(opts))
         if op is None:
             return self.gloo.allreduce(tensors, opts)
+        # a blocking call (torch waits for it at once) runs here: no thread hand-offs
+        if len(tensors) == 1 and not getattr(opts, "asyncOp", True) and self.hfr._front is not None:
+            work = self._allreduce_here(tensors, op)
+            if work is not None:
+                return work
         self._check(tensors)
         return self._work([self.hfr.allreduce_async(t.detach(), op) for t in tensors], lambda: tensors, tensors)
+
+    def _allreduce_here(self, tensors: list[torch.Tensor], op: Op) -> Optional[dist.Work]:
+        """The all_reduce of tensors[0] run on this thread by hfr's front (hfr/_front.pyx), which takes a CPU
+        tensor when no other call is unfinished, as a finished Work (its failure in the Work); None where the
+        front does not take it."""
+        t = tensors[0]
+        try:
+            if self.hfr._front.allreduce(t.detach() if t.requires_grad else t, op, None) is None:
+                return None
+        except Exception as error:
+            return _Finished(tensors, error)
+        return _Finished(tensors, None)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         return self.allreduce(tensors, opts)
@@ -349,7 +421,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
 
     def _work(self, works: list[Work], result: Callable[[], Any], tensors: list[torch.Tensor]) -> dist.Work:
         device = tensors[0].device if tensors else torch.device("cpu")
-        return _Work(self._completer.future(works, result, device))
+        return _Work(self._completer.call(works, result, device))
 
 
 def _to_gloo(name: str) -> Callable:

@@ -190,3 +190,13 @@ def test_deepspeed_missing_is_skipped_with_how_to_install(tmp_path):
                   timeout=60).stdout
     assert "# backend deepspeed: skipped: No module named 'deepspeed': pip install deepspeed==0.19.8 ninja" in out
     assert {r["backend"] for r in table_rows(out)} == {"hfr"}, out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_torch_calls_times_every_way_of_calling_from_torch():
+    """bench/torch_calls.py on 2 ranks: one row a size, every way's time and the four ratios, each way checked."""
+    out = run_mpi(2, str(REPO / "bench" / "torch_calls.py"), "-b", "8", "-e", "64K", "-f", "64", "--calls", "20",
+                  "--rounds", "1", timeout=180).stdout
+    rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [8, 512, 32768], out
+    assert all(len(r) == 10 and all(float(v.rstrip("x")) > 0 for v in r[1:]) for r in rows), out

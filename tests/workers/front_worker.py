@@ -132,6 +132,52 @@ refused(TypeError, "out has dtype float64", lambda: comm.allreduce(x, out=np.zer
 refused(ValueError, "out has shape", lambda: comm.allreduce(x, out=np.zeros(n + 1, np.float32)),
         (x, values(n, np.float32, seed)))
 
+# torch CPU tensors take the same C path (their pointer, dtype and shape read from the tensor), the written
+# tensor's version counter bumped as torch's in-place ops do; what the front does not take goes to the
+# engine's Python, right all the same; what the checks refuse is refused, the tensors untouched.
+try:
+    import torch
+except ImportError:  # torch is optional (make TORCH_SPEC= test)
+    torch = None
+if torch is not None:
+    def tensor(dtype, seed, **kwargs):
+        return torch.tensor(values(n, np.float32, seed), **kwargs).to(dtype)
+
+    def as_numpy(t, dtype):
+        return t.to(torch.float64).numpy().astype(dtype)
+
+    for np_dtype, dtype in ((np.float32, torch.float32), (ml_dtypes.bfloat16, torch.bfloat16), (np.int32, torch.int32)):
+        for op in ("sum", "max"):
+            for _ in range(3 if first_of_shape else 0):  # across nodes: the shape's schedules, made by Python
+                seed += 1
+                comm.allreduce(tensor(dtype, seed), op)
+            seed += 1
+            t = tensor(dtype, seed)
+            version = t._version
+            check(lambda: as_numpy(comm.allreduce(t, op), np_dtype), n, np_dtype, op, seed, by_python=False,
+                  what=f"tensor {dtype} {op} in place")
+            assert t._version > version, "the tensor written in place kept its version"
+            seed += 1
+            t, out = tensor(dtype, seed), torch.full((n,), 99, dtype=dtype)
+            version = out._version
+            check(lambda: as_numpy(comm.allreduce(t, op, out=out), np_dtype), n, np_dtype, op, seed, by_python=False,
+                  what=f"tensor {dtype} {op} out of place")
+            assert torch.equal(t, tensor(dtype, seed)) and out._version > version, "out of place: x or out's version"
+    leaf = tensor(torch.float32, seed, requires_grad=True)
+    with torch.no_grad():  # in C: grad mode is off
+        check(lambda: comm.allreduce(leaf).numpy(), n, np.float32, "sum", seed, by_python=False, what="a leaf, no_grad")
+    seed += 1
+    param = torch.nn.Parameter(tensor(torch.float32, seed), requires_grad=False)  # a subclass: by Python
+    check(lambda: comm.allreduce(param).detach().numpy(), n, np.float32, "sum", seed, by_python=True, what="a Parameter")
+    seed += 1
+    t = tensor(torch.float32, seed)
+    refused(ValueError, "requires grad", lambda: comm.allreduce(tensor(torch.float32, seed, requires_grad=True)))
+    refused(ValueError, "not contiguous", lambda: comm.allreduce(torch.ones((n, 2))[:, 0]))
+    refused(TypeError, "out has dtype", lambda: comm.allreduce(t, out=torch.zeros(n, dtype=torch.float64)))
+    refused(ValueError, "out has shape", lambda: comm.allreduce(t, out=torch.zeros(n + 1)))
+    refused(ValueError, "out is a numpy array, x is a torch tensor", lambda: comm.allreduce(t, out=np.zeros(n, np.float32)))
+    assert torch.equal(t, tensor(torch.float32, seed)), "a refused call changed the caller's tensor"
+
 # After all that, the front again, element by element.
 seed += 1
 check(lambda: comm.allreduce(values(n, np.float32, seed)), n, np.float32, "sum", seed, by_python=False, what="last")
