@@ -33,13 +33,12 @@ from hfr._cuda cimport Device
 from hfr._internode cimport Schedule
 from hfr._kernels cimport Kind, kernel_kind
 from hfr._kernels cimport op_code as kernel_op_code
-from hfr._node_call cimport NodeCall
+from hfr._node_call cimport ALLREDUCE, DESCRIPTOR_FIELDS, DONE, STAGES, NodeCall
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, PyErr_CheckSignals, forget_cancel, hfr_nap, hfr_now, raise_pending
 
 cdef extern from "pythread.h":
     PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds, int intr_flag) nogil
 
-from hfr._node_call import Outcome, Protocol
 from hfr.errors import HFRError
 from hfr.ops import DTYPE_CODES, DTYPES, Op, is_float
 
@@ -49,10 +48,7 @@ cdef enum:
     MAX_DTYPES = 16
     OPS = 5  # hfr.Op's members, in their wire order: SUM, AVG, MAX, MIN, PROD
     AVG = 1
-    ALLREDUCE = 0  # the collective's wire code
     IDLE_NAP_NS = 1000000  # close() looks for the last unfinished call this often
-cdef int DONE = Outcome.DONE
-cdef int STAGES = Protocol.STAGES
 
 
 cdef struct Operands:  # an allreduce's arrays, as allreduce() found them
@@ -343,7 +339,7 @@ cdef class Front:
         (which makes them)."""
         cdef Schedule vote = None, rail = None
         cdef bint folded = False
-        cdef long long fields[5]  # the descriptor (DESCRIPTOR_FIELDS): collective, count, dtype, op, root
+        cdef long long fields[DESCRIPTOR_FIELDS]  # the descriptor: collective, count, dtype, op, root
         cdef int outcome, d = o.dtype
         cdef int64_t g = self.node_call.chunks_done
         if self.nnodes > 1:

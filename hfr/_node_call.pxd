@@ -1,9 +1,42 @@
-# The C entry of hfr/_node_call.pyx, for hfr/_front.pyx (which runs a blocking host call through it).
+# The protocol's numbers and the C entry of hfr/_node_call.pyx, for hfr/_front.pyx (which runs a blocking call
+# through it).
 from libc.stdint cimport int64_t, uintptr_t
 
 from hfr._cuda cimport Device
 from hfr._internode cimport Schedule
 from hfr._kernels cimport Kind
+
+
+
+# The node's protocol, defined here once (hfr/engine.py and hfr/_front.pyx take it from here).
+cpdef enum Protocol:
+    ANNOUNCED = 0  # control words, one cache line apart: the counters (hfr/engine.py's terms)
+    ARRIVED = 8
+    REDUCED = 16
+    CONSUMED = 24
+    DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls
+    DESCRIPTOR_WORDS = 8
+    CLOSING = 48  # set once, by close()
+    DESCRIPTOR_FIELDS = 5  # collective, count, dtype, op, root
+    STAGES = 3
+    SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
+    WHOLE_UP_TO_BYTES = 4096  # a call on one node of at most this many bytes: x whole in every input slot
+    # (reducing 4 KiB per rank costs less than a hand-off)
+
+
+cpdef enum Collective:  # wire codes: append only
+    ALLREDUCE = 0
+    REDUCE = 1
+    BROADCAST = 2
+    REDUCE_SCATTER = 3
+    ALLGATHER = 4
+
+
+cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the engine names it), a _STOPPED
+    # one a schedule on the rail that did not finish (the schedule says why)
+    DONE, MISMATCH, NO_MEMORY, WAIT_CALL, WAIT_RESULT_SLOT, WAIT_ARRIVED, WAIT_PREVIOUS_RESULT, WAIT_REDUCED
+    VOTE_STOPPED, RAIL_STOPPED, MISMATCH_SPENT, CUDA_FAILED  # CUDA_FAILED: a staged call's copy (cuda_failure)
+    WAIT_INPUT_SLOT
 
 
 cdef struct Node:  # the segment, as this rank sees it, and how this rank works on it

@@ -68,34 +68,9 @@ cdef extern from *:
     void hfr_publish(long long* p, long long v) nogil
     void hfr_fence() nogil
 
-cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the engine names it), a _STOPPED
-    # one a schedule on the rail that did not finish (the schedule says why)
-    DONE, MISMATCH, NO_MEMORY, WAIT_CALL, WAIT_RESULT_SLOT, WAIT_ARRIVED, WAIT_PREVIOUS_RESULT, WAIT_REDUCED
-    VOTE_STOPPED, RAIL_STOPPED, MISMATCH_SPENT, CUDA_FAILED  # CUDA_FAILED: a staged call's copy (cuda_failure)
-    WAIT_INPUT_SLOT
 cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
     WAITED = -2  # a wait that reached its target
-
-# Control words, stages and collectives as hfr/engine.py numbers them (tests/test_collectives.py compares)
-cpdef enum Protocol:
-    ANNOUNCED = 0
-    ARRIVED = 8
-    REDUCED = 16
-    CONSUMED = 24
-    STAGES = 3
-    SLICE_ALIGN_BYTES = 64
-    DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls
-    DESCRIPTOR_WORDS = 8
-    DESCRIPTOR_FIELDS = 5
-    WHOLE_UP_TO_BYTES = 4096  # a call on one node of at most this many bytes: x whole in every input slot
-cpdef enum Collective:
-    ALLREDUCE = 0
-    REDUCE = 1
-    BROADCAST = 2
-    REDUCE_SCATTER = 3
-    ALLGATHER = 4
-
 
 cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and sizes in bytes
     long long* fields  # the descriptor: collective, x's count, dtype code, op code on the wire, root

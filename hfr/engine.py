@@ -51,7 +51,7 @@ from mpi4py import MPI
 
 from . import _kernels, _node_call, _wait, internode, kernels, topology
 from ._front import Front, rail_shape_key
-from ._node_call import slice_bounds
+from ._node_call import Collective, Protocol, slice_bounds
 from .arrays import Array, inspect
 from .copies import CudaCopies, HostCopies, caller_ready, finished
 from .errors import HFRError, HFRTimeoutError, MismatchError
@@ -68,17 +68,16 @@ except ImportError:  # pragma: no cover - the extension is built by pip install
 
 __all__ = ["Engine", "Call", "COLLECTIVES", "cache_chunk_bytes"]
 
-STAGES = 3
-ANNOUNCED, ARRIVED, REDUCED, CONSUMED = 0, 8, 16, 24  # control words, one cache line apart
-DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls (NodeCall.descriptor_column)
-DESCRIPTOR_WORDS = 8
-CLOSING = 48
+# The protocol's numbers, defined once in hfr/_node_call.pxd
+STAGES = int(Protocol.STAGES)
+ANNOUNCED, ARRIVED, REDUCED, CONSUMED = (int(w) for w in (Protocol.ANNOUNCED, Protocol.ARRIVED, Protocol.REDUCED,
+                                                             Protocol.CONSUMED))
+DESCRIPTOR, DESCRIPTOR_WORDS, CLOSING = int(Protocol.DESCRIPTOR), int(Protocol.DESCRIPTOR_WORDS), int(Protocol.CLOSING)
+SLICE_ALIGN_BYTES, WHOLE_UP_TO_BYTES = int(Protocol.SLICE_ALIGN_BYTES), int(Protocol.WHOLE_UP_TO_BYTES)
+COLLECTIVES = tuple(c.name.lower() for c in Collective)  # in wire code order
 HEALTHY, BROKEN = 1, 2  # CLOSING's values
-DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")
+DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")  # Protocol.DESCRIPTOR_FIELDS of them
 REFUSED = -1  # the count of a refused call's descriptor (its other fields -1 but the collective)
-COLLECTIVES = ("allreduce", "reduce", "broadcast", "reduce_scatter", "allgather")  # wire codes: append only
-SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
-WHOLE_UP_TO_BYTES = 4096  # whole calls (the terms above): reducing 4 KiB per rank costs less than a hand-off
 ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits up to this long for its peers' word on who never came
 SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are retired again
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}

@@ -17,16 +17,6 @@ def test_every_dtype_op_and_size(nprocs, local_size):
     assert "collectives ok" in out
 
 
-def test_the_c_path_numbers_the_protocol_as_the_engine():
-    from hfr import _node_call, engine
-
-    assert [c.name.lower() for c in _node_call.Collective] == list(engine.COLLECTIVES)
-    assert [(name, int(w)) for name, w in _node_call.Protocol.__members__.items()] == [  # aliases too
-        (name, getattr(engine, name)) for name in ("ANNOUNCED", "ARRIVED", "REDUCED", "CONSUMED", "STAGES", "SLICE_ALIGN_BYTES",
-                                                   "DESCRIPTOR", "DESCRIPTOR_WORDS")
-    ] + [("DESCRIPTOR_FIELDS", len(engine.DESCRIPTOR_FIELDS)), ("WHOLE_UP_TO_BYTES", engine.WHOLE_UP_TO_BYTES)]
-
-
 @pytest.mark.parametrize("nprocs,local_size", [(2, None), (2, 1), (4, 2)])
 def test_the_front_runs_small_host_allreduces_and_hands_the_rest_to_the_engine(nprocs, local_size):
     """The blocking allreduce of a NumPy array of one chunk runs whole in C (hfr/_front.pyx), in place and
