@@ -89,11 +89,13 @@ _FOLDED_UP_TO_BYTES = internode.VOTE_ROOM_BYTES  # folded calls (the terms above
 MIN_CACHE_CHUNK_BYTES = 256 * 1024  # below this a chunk's hand-offs cost more than the cache saves
 
 
-def cache_chunk_bytes(cache_bytes: int, local_size: int, chunk_bytes: int) -> int:
+def cache_chunk_bytes(cache_bytes: int, local_size: int, chunk_bytes: int, oversubscribed: bool = False) -> int:
     """The chunk of a host array's call on one node: the largest multiple of 4 KiB whose STAGES stages
     (local_size input slots and a result slot each) fit half of cache_bytes, the node's share of the
-    cache, within [MIN_CACHE_CHUNK_BYTES, chunk_bytes]; chunk_bytes where the cache is unknown (0)."""
-    if cache_bytes <= 0:
+    cache, within [MIN_CACHE_CHUNK_BYTES, chunk_bytes]. chunk_bytes where the cache is unknown (0), or
+    where the host's ranks outnumber its cores (oversubscribed): a rank that waits for another then waits
+    for the scheduler to run it, so each chunk's hand-offs cost a time slice (bench/RESULTS.md)."""
+    if cache_bytes <= 0 or oversubscribed:
         return chunk_bytes
     fitting = cache_bytes // 2 // (STAGES * (local_size + 1)) // 4096 * 4096
     return min(chunk_bytes, max(fitting, MIN_CACHE_CHUNK_BYTES))
@@ -154,7 +156,8 @@ class Engine:
         if cache_bytes is None:
             cache_bytes = topology.host_cache_bytes() * layout.local_size // layout.host_size
         self.cache_bytes = node_comm.allreduce(cache_bytes, op=MPI.MIN)
-        self.cache_chunk = cache_chunk_bytes(self.cache_bytes, layout.local_size, chunk_bytes)
+        self.cache_chunk = cache_chunk_bytes(self.cache_bytes, layout.local_size, chunk_bytes,
+                                             layout.host_size > (os.cpu_count() or 1))
         self._node_call = _node_call.NodeCall(
             self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
             self.segment.slot_address(0, 0), self.segment.stage_bytes, self.segment.slot_bytes, layout.size,

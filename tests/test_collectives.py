@@ -84,6 +84,7 @@ def test_a_host_call_on_one_node_is_cut_into_chunks_that_fit_half_the_cache():
     assert cache_chunk_bytes(0, 4, 8 << 20) == 8 << 20  # the cache unknown: the Communicator's chunk
     assert cache_chunk_bytes(1 << 20, 4, 8 << 20) == MIN_CACHE_CHUNK_BYTES
     assert cache_chunk_bytes(1 << 30, 2, 8 << 20) == 8 << 20
+    assert cache_chunk_bytes(32 << 20, 4, 8 << 20, oversubscribed=True) == 8 << 20  # hand-offs cost time slices
 
 
 def test_the_host_cache_is_the_last_level_of_sysfs_over_its_instances(tmp_path):
