@@ -139,6 +139,8 @@ shm)
       log "allreduce $array n=$n, 8 B - 128 MiB, hfr against deepspeed (in place only)"
       perf $n -b 8 -e 186M -f 4 -n 20 -w 5 --array $array --backends hfr,deepspeed | tee "$out/shm_${array}_n$n.txt"
     done
+    log "calls from torch n=$n: NumPy, tensor, dist.all_reduce on hfr, gloo and a null backend"
+    $MPIRUN -n $n python3 -m mpi4py bench/torch_calls.py -b 8 -e 64M -f 8 --rounds 3 | tee "$out/torch_calls_n$n.txt"
   done
   ;;
 *)
