@@ -320,18 +320,41 @@ cdef inline bint _copies_out(int collective, bint is_root, bint out_is_x) noexce
     return True
 
 
+cdef inline Py_ssize_t _budget(Py_ssize_t cache_bytes) noexcept nogil:
+    """What of the cache a call's working set may take and stay there: half (the other half for everything
+    else)."""
+    return cache_bytes // 2
+
+
+cdef enum:
+    MIN_CACHE_CHUNK_BYTES = 256 * 1024  # below this a chunk's hand-offs cost more than the cache saves
+
+
+cpdef Py_ssize_t cache_chunk_bytes(Py_ssize_t cache_bytes, int local_size, Py_ssize_t chunk_bytes,
+                                   bint oversubscribed=False):
+    """The chunk of a host array's call on one node (the engine's NodeCall gets it): the largest multiple of
+    4 KiB whose STAGES stages (local_size input slots and a result slot each) fit the budget (_budget) of
+    the node's share of the cache, cache_bytes, within [MIN_CACHE_CHUNK_BYTES, chunk_bytes]. chunk_bytes
+    where the cache is unknown (0), or where the host's ranks outnumber its cores (oversubscribed): a rank that waits for another then
+    waits for the scheduler to run it, so each chunk's hand-offs cost a time slice (bench/RESULTS.md)."""
+    if cache_bytes <= 0 or oversubscribed:
+        return chunk_bytes
+    cdef Py_ssize_t fitting = _budget(cache_bytes) // (STAGES * (local_size + 1)) // 4096 * 4096
+    return min(chunk_bytes, max(fitting, MIN_CACHE_CHUNK_BYTES))
+
+
 cdef void _stores(Plan* p, int local_size, Py_ssize_t cache_bytes) noexcept nogil:
     """How the call's stores go (kernels' Stores): into the segment and into out alike, cached while the
-    node's working set of what they write fits half its cache (the other half for everything else), else
-    streamed past it: the stages in flight for the segment, and with them every rank's x and out for out.
-    Where the cache is unknown (0), by each store's size."""
+    node's working set of what they write fits its budget (_budget), else streamed past it: the stages in
+    flight for the segment, and with them every rank's x and out for out. Where the cache is unknown (0),
+    by each store's size."""
     cdef Py_ssize_t stages = min(p.total, STAGES * p.chunk) * (local_size + 1)
     cdef Py_ssize_t arrays = local_size * (p.x_nbytes + (p.out_nbytes if p.out != p.x else 0))
     if cache_bytes == 0:
         p.slot_stores = p.out_stores = STORES_BY_SIZE
         return
-    p.slot_stores = STREAMED if stages > cache_bytes // 2 else CACHED
-    p.out_stores = STREAMED if stages + arrays > cache_bytes // 2 else CACHED
+    p.slot_stores = CACHED if stages <= _budget(cache_bytes) else STREAMED
+    p.out_stores = CACHED if stages + arrays <= _budget(cache_bytes) else STREAMED
 
 
 cdef inline Py_ssize_t _descriptor_column(int64_t calls_done) noexcept nogil:

@@ -51,7 +51,7 @@ from mpi4py import MPI
 
 from . import _kernels, _node_call, _wait, internode, kernels, topology
 from ._front import Front, rail_shape_key
-from ._node_call import Collective, Protocol, slice_bounds
+from ._node_call import Collective, Protocol, cache_chunk_bytes, slice_bounds
 from .arrays import Array, inspect
 from .copies import CudaCopies, HostCopies, caller_ready, finished
 from .errors import HFRError, HFRTimeoutError, MismatchError
@@ -66,7 +66,7 @@ try:  # waits on the counters with the GIL released; Python polling where it is 
 except ImportError:  # pragma: no cover - the extension is built by pip install
     _spin_all_reached = None
 
-__all__ = ["Engine", "Call", "COLLECTIVES", "cache_chunk_bytes"]
+__all__ = ["Engine", "Call", "COLLECTIVES"]
 
 # The protocol's numbers, defined once in hfr/_node_call.pxd
 STAGES = int(Protocol.STAGES)
@@ -86,19 +86,6 @@ _STAGED = ("allreduce", "reduce", "reduce_scatter")  # the CUDA calls that run i
 _RAIL_IN_C = ("doubling", "halving")  # the inter-node algorithms a call in C polls (hfr/_internode.pyx's Doubling)
 _RAIL_SHAPES_KEPT = 64  # calls in C across nodes: the rail schedules kept for this many call shapes
 _FOLDED_UP_TO_BYTES = internode.VOTE_ROOM_BYTES  # folded calls (the terms above): at most the vote record's room
-MIN_CACHE_CHUNK_BYTES = 256 * 1024  # below this a chunk's hand-offs cost more than the cache saves
-
-
-def cache_chunk_bytes(cache_bytes: int, local_size: int, chunk_bytes: int, oversubscribed: bool = False) -> int:
-    """The chunk of a host array's call on one node: the largest multiple of 4 KiB whose STAGES stages
-    (local_size input slots and a result slot each) fit half of cache_bytes, the node's share of the
-    cache, within [MIN_CACHE_CHUNK_BYTES, chunk_bytes]. chunk_bytes where the cache is unknown (0), or
-    where the host's ranks outnumber its cores (oversubscribed): a rank that waits for another then waits
-    for the scheduler to run it, so each chunk's hand-offs cost a time slice (bench/RESULTS.md)."""
-    if cache_bytes <= 0 or oversubscribed:
-        return chunk_bytes
-    fitting = cache_bytes // 2 // (STAGES * (local_size + 1)) // 4096 * 4096
-    return min(chunk_bytes, max(fitting, MIN_CACHE_CHUNK_BYTES))
 
 
 @dataclass

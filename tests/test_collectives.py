@@ -77,12 +77,13 @@ def test_close_closes_the_default_communicator():
 
 
 def test_a_host_call_on_one_node_is_cut_into_chunks_that_fit_half_the_cache():
-    from hfr.engine import MIN_CACHE_CHUNK_BYTES, STAGES, cache_chunk_bytes
+    from hfr._node_call import cache_chunk_bytes
+    from hfr.engine import STAGES
 
     chunk = cache_chunk_bytes(32 << 20, 2, 8 << 20)  # 3 stages of 3 slots in 16 MiB
     assert chunk % 4096 == 0 and STAGES * 3 * chunk <= 16 << 20 < STAGES * 3 * (chunk + 4096)
     assert cache_chunk_bytes(0, 4, 8 << 20) == 8 << 20  # the cache unknown: the Communicator's chunk
-    assert cache_chunk_bytes(1 << 20, 4, 8 << 20) == MIN_CACHE_CHUNK_BYTES
+    assert cache_chunk_bytes(1 << 20, 4, 8 << 20) == 256 << 10  # the least
     assert cache_chunk_bytes(1 << 30, 2, 8 << 20) == 8 << 20
     assert cache_chunk_bytes(32 << 20, 4, 8 << 20, oversubscribed=True) == 8 << 20  # hand-offs cost time slices
 
