@@ -56,7 +56,7 @@ cdef class NodeCall:
     cdef Node node
     cdef int size, rank
     cdef Py_ssize_t cache_bytes  # the node's share of the last-level cache (0: unknown)
-    cdef Py_ssize_t cache_chunk  # the chunk of a host array's call on one node
+    cdef Py_ssize_t chunk  # the engine's chunk: what every call is cut into, on every rank alike
     # The engine's sequence numbers, kept here for every call, run here or in the engine's Python loop:
     cdef public int64_t calls_done  # calls checked (their ANNOUNCED wait passed); picks the descriptor row
     cdef public int64_t chunks_done  # chunks ended: the next call's first chunk g

@@ -2,10 +2,10 @@
 """The node protocol in C: one call's chunk loop (the engine's terms, hfr/engine.py), with the GIL released
 from the first step to the last.
 
-A call's elements are cut into chunks: on one node, a host array's into cache chunks (cache_chunk, which
-the engine sizes so that the stages in flight fit the node's share of the last-level cache: a chunk is
-copied in, reduced and copied out while it is still there); a staged call's, and a call across nodes,
-into one. Chunk c is chunk g = first_chunk + c of the Communicator and uses stage g % STAGES.
+A call's elements are cut into the engine's chunks (chunk; on one node cache chunks, which the engine sizes
+so that the stages in flight fit the node's share of the last-level cache: a chunk is copied in, reduced
+and copied out while it is still there); a staged call and a call across nodes come here in one chunk.
+Chunk c is chunk g = first_chunk + c of the Communicator and uses stage g % STAGES.
   announce   write the call's descriptor into our control row, then ANNOUNCED
   copy in    into our input slot, for each of the call's first STAGES chunks before the check and for chunk
              c + STAGES once chunk c is copied out, the parts of x the others reduce (our own slice is read
@@ -156,14 +156,14 @@ cdef class NodeCall:
 
     def __cinit__(self, size_t control, Py_ssize_t row_words, int local_size, int local_rank, double timeout,
                   size_t stages, Py_ssize_t stage_bytes, Py_ssize_t slot_bytes, int size, int rank, int threads,
-                  double rail_yield_s, double rail_sleep_s, Py_ssize_t cache_bytes, Py_ssize_t cache_chunk):
+                  double rail_yield_s, double rail_sleep_s, Py_ssize_t cache_bytes, Py_ssize_t chunk):
         self.node.control, self.node.row_words = <long long*>control, row_words
         self.node.local_size, self.node.local_rank, self.node.timeout = local_size, local_rank, timeout
         self.node.stages, self.node.stage_bytes, self.node.slot_bytes = <char*>stages, stage_bytes, slot_bytes
         self.node.threads = threads
         self.node.rail_yield_s, self.node.rail_sleep_ns = rail_yield_s, <long>(rail_sleep_s * 1e9)
         self.size, self.rank = size, rank
-        self.cache_bytes, self.cache_chunk = cache_bytes, cache_chunk
+        self.cache_bytes, self.chunk = cache_bytes, chunk
         self.node.inputs = <void**>malloc(local_size * sizeof(void*))
         if self.node.inputs == NULL:
             raise MemoryError()
@@ -239,9 +239,9 @@ cdef class NodeCall:
         p.x_at = self.rank * p.x_nbytes if p.collective == ALLGATHER else 0
         p.out_at = self.rank * p.out_nbytes if p.collective == REDUCE_SCATTER else 0
         p.whole = _whole(p.collective, vote is None, p.total)
-        # a host array's call on one node is cut into cache chunks; a staged x is all in our slot already, and
-        # the engine's Python loop takes the calls across nodes that need more than one chunk
-        p.chunk = self.cache_chunk if vote is None and not staged else max(p.total, 1)
+        # the engine's chunk; a staged call and one across nodes come here of one chunk (the engine's Python
+        # loop takes the others)
+        p.chunk = self.chunk
         p.nchunks = (p.total + p.chunk - 1) // p.chunk
         p.itemsize, p.align, p.kind, p.code = itemsize, max(SLICE_ALIGN_BYTES // itemsize, 1), kind, code
         p.divisor = self.size if avg else 1

@@ -1,6 +1,7 @@
 """The chunk pipeline of one Communicator (Algorithm 1 of the paper), run by its progress thread.
 
-Terms. A call's array is cut into **chunks** of chunk_bytes. Chunks are numbered across the whole
+Terms. A call's array is cut into **chunks** of the engine's chunk (self.chunk: chunk_bytes across nodes,
+a cache chunk on one node, below). Chunks are numbered across the whole
 life of the Communicator (the chunk's **sequence number** g), and chunk g uses **stage** g % STAGES of
 the node-shared segment. Within a chunk, local rank l owns **slice** l: it sums slice l of the L input
 slots in slot order into the result slot, then takes it through the inter-node step on its rail.
@@ -28,9 +29,11 @@ its slice over the rail inside the call check's vote (its record, hfr/_internode
 not two. Its ranks, agreeing within the node, publish ARRIVED and reduce their slice into the record
 before the vote; if the vote finds that nodes differ, each ends the chunk with no result (REDUCED,
 CONSUMED) before raising, so the node's counters agree for the next call.
-The protocol runs in C (hfr/_node_call.pyx, which keeps the sequence numbers of every call) for every
-host array's call on one node, cut there into **cache chunks** (cache_chunk_bytes) rather than chunks of
-chunk_bytes, and for the calls of one chunk that _run names; this Python loop runs the rest.
+On one node the chunk is a **cache chunk** (cache_chunk_bytes): its stages in flight stay in the
+last-level cache. Every rank cuts a call alike, whichever path runs it, since a call's descriptor says
+nothing of where its arrays are. The protocol runs in C (hfr/_node_call.pyx, which keeps the sequence
+numbers of every call) for every host array's call on one node and for the calls of one chunk that _run
+names; this Python loop runs the rest.
 The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock
 for the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's of one
 chunk on this engine's device once _copies has met one) in C.
@@ -143,12 +146,12 @@ class Engine:
         if cache_bytes is None:
             cache_bytes = topology.host_cache_bytes() * layout.local_size // layout.host_size
         self.cache_bytes = node_comm.allreduce(cache_bytes, op=MPI.MIN)
-        self.cache_chunk = cache_chunk_bytes(self.cache_bytes, layout.local_size, chunk_bytes,
-                                             layout.host_size > (os.cpu_count() or 1))
+        self.chunk = chunk_bytes if layout.nnodes > 1 else cache_chunk_bytes(
+            self.cache_bytes, layout.local_size, chunk_bytes, layout.host_size > (os.cpu_count() or 1))
         self._node_call = _node_call.NodeCall(
             self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
             self.segment.slot_address(0, 0), self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
-            layout.rank, threads, internode.YIELD_POLL_S, internode.POLL_SLEEP_S, self.cache_bytes, self.cache_chunk)
+            layout.rank, threads, internode.YIELD_POLL_S, internode.POLL_SLEEP_S, self.cache_bytes, self.chunk)
         # Calls in C across nodes poll the call check's vote and their slice's allreduce over the rail,
         # or the vote alone carrying the slice (folded, _FOLDED_UP_TO_BYTES): made once (the bare vote)
         # or once per call shape (sharing one scratch, or the vote's record: calls run one at a time),
@@ -167,7 +170,7 @@ class Engine:
         self._stopped = False  # the progress thread takes no more calls: a call queued now is refused
         # Admission, the running lock and the blocking host call of one chunk, in C (hfr/_front.pyx);
         # calls of one chunk run in C (_run says which) with the Cython kernels: front.in_c.
-        self.front = Front(self._node_call, self, layout.rank, layout.nnodes, chunk_bytes, self._rail_shapes,
+        self.front = Front(self._node_call, self, layout.rank, layout.nnodes, self.chunk, self._rail_shapes,
                            self._reduce is _kernels.reduce)
         self._thread = threading.Thread(target=self._serve, name=f"hfr-progress-{layout.rank}", daemon=True)
         self._thread.start()
@@ -330,7 +333,7 @@ class Engine:
         # nodes those that reduce (_STAGED), with the rail's schedule in C too (_RAIL_IN_C).
         in_c = self.front.in_c and (
             x.kind == "numpy" and self.layout.nnodes == 1
-            or 0 < call.nbytes <= self.chunk_bytes and call.collective in _STAGED and (
+            or 0 < call.nbytes <= self.chunk and call.collective in _STAGED and (
                 self.layout.nnodes == 1 or self._algo_for(call) in _RAIL_IN_C))
         if in_c and x.kind == "numpy":
             self._run_in_c(call, None)
@@ -352,7 +355,7 @@ class Engine:
         x, out, root = call.x, call.out, call.root
         copies.begin(call.ready, x.stream)
         itemsize = x.dtype.itemsize
-        chunk_elems = self.chunk_bytes // itemsize
+        chunk_elems = self.chunk // itemsize
         total = call.elements
         nchunks = -(-total // chunk_elems)
         base = self._node_call.chunks_done
@@ -523,7 +526,7 @@ class Engine:
         above), in C or in the Python loop alike: the same answer on every rank that made this call (its
         size, the algo and the settings agreed when the Communicator was made)."""
         return (self.layout.nnodes > 1 and call.collective in _STAGED
-                and 0 < call.nbytes <= min(_FOLDED_UP_TO_BYTES, self.chunk_bytes) and self._algo_for(call) == "doubling")
+                and 0 < call.nbytes <= min(_FOLDED_UP_TO_BYTES, self.chunk) and self._algo_for(call) == "doubling")
 
     def _rail_schedules(self, call: Call, stage: int) -> tuple:
         """A reducing call of one chunk across nodes: (vote, rail, folded), made once per call shape and

@@ -10,7 +10,7 @@ import pytest
 from .mpirun import REPO, run_mpi
 
 FAKE = Path(__file__).parent / "fake_cuda"
-LAYOUTS = [(3, None), (2, 1), (4, 2)]  # one node, one rank a node, 2 x 2
+LAYOUTS = [(2, None), (3, None), (2, 1), (4, 2)]  # one node (its ranks fitting the cores, and not), one rank a node, 2 x 2
 
 
 @pytest.fixture(scope="module")

@@ -102,6 +102,18 @@ if mode == "calls":
         got = mixed.allreduce(cupy.asarray(host))
         assert np.array_equal(cupy.asnumpy(got), want), ("mixed", count)
     mixed.close()
+    # one call, rank 0's array on the host and the others' on the device: every rank cuts it into the same
+    # chunks (cache chunks of 256 KiB where the host's ranks fit its cores: HFR_CACHE_BYTES), whichever path
+    # runs it, a host array's call in C or a CUDA array's staged in C or in the Python loop
+    os.environ["HFR_CACHE_BYTES"] = "2M"
+    kinds = communicator()
+    del os.environ["HFR_CACHE_BYTES"]
+    for count in (7, 100003, 300007):  # one cache chunk, two, five
+        host = values(np.float32, count)
+        want = kinds.allreduce(host.copy())
+        got = kinds.allreduce(host.copy() if rank == 0 else cupy.asarray(host))
+        assert np.array_equal(got if rank == 0 else cupy.asnumpy(got), want), ("host and device", count)
+    kinds.close()
     comm.close()
     assert driver.fake_copies() > 0 and driver.fake_depth() == 0, (driver.fake_copies(), driver.fake_depth())
     print(f"rank {rank}: staged calls ok", flush=True)
