@@ -93,6 +93,7 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     Py_ssize_t column  # where the descriptors are
     Py_ssize_t at  # the chunk the loop is at (a failure's)
     bint arrived  # folded: the vote carried our slice, and chunk 0 has ARRIVED
+    bint counted  # every rank has ANNOUNCED the call: it counts in calls_done, whatever happens next
 
 
 cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
@@ -247,7 +248,7 @@ cdef class NodeCall:
         p.divisor = self.size if avg else 1
         _stores(&p, self.node.local_size, self.cache_bytes)
         p.first_chunk, p.calls_done, p.column = self.chunks_done, self.calls_done, _descriptor_column(self.calls_done)
-        p.at, p.arrived = 0, False
+        p.at, p.arrived, p.counted = 0, False, False
         cdef Rail vote_rail, data_rail
         _rail_of(vote, &vote_rail)
         _rail_of(rail, &data_rail)
@@ -257,7 +258,7 @@ cdef class NodeCall:
         self.call_chunks, self.failed_chunk = p.nchunks, p.at
         if outcome == INTERRUPTED:
             return raise_pending()
-        if outcome != WAIT_CALL:
+        if p.counted:
             self.calls_done += 1
         if outcome == DONE:
             self.chunks_done = p.first_chunk + p.nchunks
@@ -451,6 +452,7 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
     waited = _wait_all(node, ANNOUNCED, p.calls_done + 1, WAIT_CALL)
     if waited != WAITED:
         return waited
+    p.counted = True
     hfr_fence()
     for j in range(node.local_size):
         other = node.control + j * node.row_words + p.column
@@ -557,6 +559,7 @@ cdef int _run(Node* node, Plan* p, Rail* vote, Rail* rail) noexcept nogil:
                 return NO_MEMORY
         _publish(node, CONSUMED, g + 1)
         if ahead and c + STAGES < p.nchunks:
+            p.at = c + STAGES
             waited = _deposit(node, p, c + STAGES)
             if waited != WAITED:
                 return waited

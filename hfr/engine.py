@@ -331,7 +331,7 @@ class Engine:
         # A call of one chunk runs in C (hfr/_node_call.pyx), with the Cython kernel: a host array's
         # straight, a CUDA array's staged whole in our input slot where it is reduced from there; across
         # nodes those that reduce (_STAGED), with the rail's schedule in C too (_RAIL_IN_C).
-        in_c = self.front.in_c and (
+        in_c = self.front.in_c and not call.refused and (  # a refused call's descriptor is the Python loop's
             x.kind == "numpy" and self.layout.nnodes == 1
             or 0 < call.nbytes <= self.chunk and call.collective in _STAGED and (
                 self.layout.nnodes == 1 or self._algo_for(call) in _RAIL_IN_C))

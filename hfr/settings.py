@@ -75,7 +75,8 @@ def algo() -> str:
 
 
 def cache_bytes() -> Optional[int]:
-    """HFR_CACHE_BYTES, the last-level cache a node's calls are planned for (0: none, every store streams
-    past it), checked; None where it is not set (the host's, as sysfs tells it)."""
+    """HFR_CACHE_BYTES, the last-level cache a node's calls are planned for (0: none, as where sysfs does not
+    say: chunks of chunk_bytes, stores streamed by their size), checked; None where it is not set (the
+    host's, as sysfs tells it)."""
     env = os.environ.get("HFR_CACHE_BYTES", "").strip()
     return parse_bytes(env, "HFR_CACHE_BYTES") if env else None

@@ -86,6 +86,8 @@ class _Call:
             for work in self.works:
                 work.wait()
         except BaseException as failure:
+            if not self.finished():  # this wait interrupted (Ctrl-C): the call goes on, the completer settles it
+                raise
             error = failure
         with self._lock:
             if self._settled:

@@ -94,6 +94,9 @@ elif scenario == "refusal":
         assert (writable == 100).all(), writable
         y = np.arange(10, dtype=np.float32) + rank
         assert np.array_equal(comm.broadcast(y, root=0), np.arange(10, dtype=np.float32)), y
+        # beside a real call of nothing (the refusal's own stand-in is an empty uint8 array): a mismatch still
+        expect_refused(lambda: comm.allreduce(read_only if rank == last else np.empty(0, np.uint8)), ValueError,
+                       "x is read-only")
     # a bad argument on one rank, behind async calls: it takes its turn after them
     works = [comm.allreduce_async(np.ones(4096, np.float32) * (i + rank)) for i in range(3)]
     expect_refused(lambda: comm.allreduce_async([1.0] if rank == last else np.ones(10, np.float32)).wait(),
