@@ -74,7 +74,7 @@ cdef class Front:
     cdef Py_ssize_t unfinished  # calls counted in and not yet out
     cdef bint closed
     cdef public object broken  # what failed a call and left the peers' state unknown: no more calls
-    cdef public bint in_c  # calls of one chunk run in C (the Cython kernels); tests turn it off
+    cdef public bint in_c  # calls run in C (the Cython kernels; the engine's _run says which); tests turn it off
     cdef int rank, nnodes
     cdef Py_ssize_t chunk_bytes
     cdef NodeCall node_call
@@ -212,9 +212,9 @@ cdef class Front:
         forget_cancel()
         PyThread_release_lock(self.running)
 
-    # --- the blocking call of one chunk ---------------------------------------------------------
+    # --- the blocking allreduce -----------------------------------------------------------------
     def allreduce(self, x, op, out):
-        """comm.allreduce(x, op, out) for an array of one chunk, run here: its result, or None where the
+        """comm.allreduce(x, op, out), run here: its result, or None where the
         engine's Python takes the call (the module's docstring says when)."""
         cdef Operands o
         if not self.in_c:

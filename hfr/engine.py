@@ -168,8 +168,8 @@ class Engine:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._queue_lock = threading.Lock()  # orders a call's queueing against the progress thread's stop
         self._stopped = False  # the progress thread takes no more calls: a call queued now is refused
-        # Admission, the running lock and the blocking host call of one chunk, in C (hfr/_front.pyx);
-        # calls of one chunk run in C (_run says which) with the Cython kernels: front.in_c.
+        # Admission, the running lock and the blocking allreduce, in C (hfr/_front.pyx); calls run in C
+        # (_run says which) with the Cython kernels: front.in_c.
         self.front = Front(self._node_call, self, layout.rank, layout.nnodes, self.chunk, self._rail_shapes,
                            self._reduce is _kernels.reduce)
         self._thread = threading.Thread(target=self._serve, name=f"hfr-progress-{layout.rank}", daemon=True)
@@ -328,9 +328,9 @@ class Engine:
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
         x = call.x
-        # A call of one chunk runs in C (hfr/_node_call.pyx), with the Cython kernel: a host array's
-        # straight, a CUDA array's staged whole in our input slot where it is reduced from there; across
-        # nodes those that reduce (_STAGED), with the rail's schedule in C too (_RAIL_IN_C).
+        # In C (hfr/_node_call.pyx), with the Cython kernel: a host array's call on one node, of any size;
+        # a call of one chunk that reduces (_STAGED), a CUDA array's staged whole in our input slot where it
+        # is reduced from there, across nodes with the rail's schedule in C too (_RAIL_IN_C).
         in_c = self.front.in_c and not call.refused and (  # a refused call's descriptor is the Python loop's
             x.kind == "numpy" and self.layout.nnodes == 1
             or 0 < call.nbytes <= self.chunk and call.collective in _STAGED and (
