@@ -79,7 +79,7 @@ def main() -> None:
         if world.rank == 0:
             us = {name: statistics.median(t) * 1e6 for name, t in times.items()}
             print(f"{count * 4:>12}" + "".join(f"{us[w]:>10.1f}" for w in WAYS)
-                  + "".join(f"{us[a] / us[b]:>13.2f}x" for a, b in (("tensor", "numpy"), ("hfr", "gloo"),
+                  + "".join(f"{us[a] / us[b]:>13.3g}x" for a, b in (("tensor", "numpy"), ("hfr", "gloo"),
                                                                       ("hfr", "tensor"), ("hfr", "null"))), flush=True)
         size *= args.stepfactor
     comm.close()
