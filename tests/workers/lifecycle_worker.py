@@ -98,6 +98,7 @@ elif scenario == "close":
     comm.close()
     assert time.monotonic() - start < TIMEOUT + 5, time.monotonic() - start
     done()
+    world.Barrier()  # no rank leaves (ending the job) before every rank has left its file
     os._exit(0)
 elif scenario == "foreign":
     comm = hfr.Communicator(world, timeout=TIMEOUT)
