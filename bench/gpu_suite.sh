@@ -2,7 +2,7 @@
 # Everything the GPU machine builds, checks and times, by stages (DESIGN.md, "On the GPU machine"); one
 # call may run several (`bash bench/gpu_suite.sh overlap torch`) within the device's 10 minutes a command.
 #   check      build in place, kernel/CuPy/torch tests (the CPU-only ones run in CI), kernel benchmark (~3 min)
-#   bench      allreduce on CuPy and NumPy arrays, n = 4 and 8 (~4 min)
+#   bench      allreduce on CuPy (beside the PCIe floor) and NumPy arrays, n = 4 and 8 (~4 min)
 #   overlap    matrix products beside hfr's allreduce and beside plain copies (~1.5 min)
 #   torch      the transformer's step under DDP and FSDP2 with none/hfr/hfr-hook/gloo, fp32 and bf16 (~8 min)
 #   ddp-trace  where a DDP step's time goes with hfr's hook (~2 min)
@@ -46,11 +46,12 @@ check)
   ;;
 bench)
   log "allreduce cupy n=4, up to the paper's 186 MiB"
-  perf 4 -b 2976K -e 186M -f 4 -n 5 -w 2 --array cupy --backends hfr,mpi-staged,gloo \
+  perf 4 -b 2976K -e 186M -f 4 -n 5 -w 2 --array cupy --backends hfr,mpi-staged,gloo,pcie-floor \
     --plot "$out/cupy_n4.png" | tee "$out/cupy_n4.txt"
   for n in 8; do
     log "allreduce cupy n=$n, 186 MiB"
-    perf $n -b 186M -e 186M -f 1 -n 5 -w 2 --array cupy --backends hfr,mpi-staged,gloo | tee "$out/cupy_n$n.txt"
+    perf $n -b 186M -e 186M -f 1 -n 5 -w 2 --array cupy --backends hfr,mpi-staged,gloo,pcie-floor \
+      | tee "$out/cupy_n$n.txt"
   done
   for n in 4 8; do
     log "allreduce numpy n=$n, 186 MiB"

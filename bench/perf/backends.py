@@ -27,7 +27,7 @@ from hfr.rendezvous import store_address
 from .arrays import ArrayKind
 from .collectives import Collective
 
-__all__ = ["Unavailable", "make_backend", "BACKEND_NAMES", "HFR_ALGO_NAMES", "ranks_per_host"]
+__all__ = ["Unavailable", "make_backend", "BACKEND_NAMES", "FLOOR_NAMES", "HFR_ALGO_NAMES", "ranks_per_host"]
 
 _HALF_TYPES = ("float16", "bfloat16")
 
@@ -423,6 +423,46 @@ class DeepSpeedBackend:
         self.segment.unlink(missing_ok=True)
 
 
+class PcieFloorBackend:
+    """Not a collective: the PCIe traffic of a staged call alone, the floor hfr's CuPy calls are held against.
+    Each rank copies its send array device to host into page-locked memory and its recv array's bytes host to
+    device, the two directions at once on two streams of their own, while every other rank does the same: the
+    bytes a staged call must move across the link the ranks share, at the rate the link gives them together.
+    Nothing is reduced, so nothing is checked."""
+
+    name = "pcie-floor"
+
+    def __init__(self, comm: MPI.Comm, kind: ArrayKind) -> None:
+        if kind.name != "cupy":
+            raise Unavailable("times copies between the device and the host: use --array cupy")
+        import cupy
+
+        self.kind = kind
+        self.down, self.up = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+        self.pinned: dict[tuple, np.ndarray] = {}  # (count, dtype, direction) -> page-locked buffer, reused
+
+    def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
+        return None
+
+    def _pinned(self, array: Any, direction: str) -> np.ndarray:
+        key = (array.size, array.dtype, direction)
+        if key not in self.pinned:
+            self.pinned[key] = self.kind.empty_pinned(array.size, array.dtype)
+            self.pinned[key][...] = 1  # touched, and not zeros
+        return self.pinned[key]
+
+    def copies(self, send: Any, recv: Any, op: str, root: int) -> None:
+        send.get(stream=self.down, out=self._pinned(send, "down"), blocking=False)
+        recv.set(self._pinned(recv, "up"), stream=self.up)
+        self.down.synchronize()
+        self.up.synchronize()
+
+    allreduce = reduce = broadcast = reduce_scatter = allgather = copies
+
+    def close(self) -> None:
+        self.pinned.clear()
+
+
 class WrongBackend(MpiBackend):
     """For the harness's own tests only (hidden from --help): MPI, then rank 0 corrupts one element."""
 
@@ -446,8 +486,9 @@ class WrongBackend(MpiBackend):
 
 
 _BACKENDS = {b.name: b for b in (HfrBackend, MpiBackend, MpiStagedBackend, GlooBackend, NcclBackend, DeepSpeedBackend,
-                                  WrongBackend)}
-BACKEND_NAMES = ("hfr", "mpi", "mpi-staged", "gloo", "nccl", "deepspeed")  # the public ones, in table order
+                                  PcieFloorBackend, WrongBackend)}
+BACKEND_NAMES = ("hfr", "mpi", "mpi-staged", "gloo", "nccl", "deepspeed")  # the default ones, in table order
+FLOOR_NAMES = ("pcie-floor",)  # not collectives, timed where asked for: never checked, never the best peer
 
 
 HFR_ALGO_NAMES = tuple(f"hfr:{algo}" for algo in ALGOS)  # hfr with one inter-node algorithm forced

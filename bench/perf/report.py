@@ -16,7 +16,7 @@ from typing import Any, Optional
 import mpi4py
 from mpi4py import MPI
 
-from .backends import ranks_per_host
+from .backends import FLOOR_NAMES, ranks_per_host
 from .collectives import COLLECTIVES, DTYPES
 
 __all__ = ["Report", "Progress"]
@@ -166,20 +166,26 @@ class Report:
         self._print(key + " " + "  ".join(halves), progress)
 
     def speedups(self, results: list) -> list[dict]:
-        """Per size and placement: hfr's time (auto) against the fastest peer whose results were right."""
+        """Per size and placement: hfr's time (auto) against the fastest peer whose results were right, and
+        where one was timed, against the floor (FLOOR_NAMES)."""
         table = []
         for size in sorted({r.size for r in results}):
             for placement in ("out-of-place", "in-place"):
                 timed = [r for r in results if r.size == size and r.placement == placement
                          and r.time_us is not None and not r.wrong]
                 hfr = next((r for r in timed if r.backend == "hfr"), None)
-                peers = [r for r in timed if r.backend.split(":")[0] != "hfr"]  # not hfr:ALGO either
+                floor = next((r for r in timed if r.backend in FLOOR_NAMES), None)
+                peers = [r for r in timed if r.backend.split(":")[0] != "hfr"  # not hfr:ALGO either
+                         and r.backend not in FLOOR_NAMES]
                 if hfr is None or not peers:
                     continue
                 best = min(peers, key=lambda r: r.time_us)
-                table.append({"size": size, "placement": placement, "best_peer": best.backend,
-                              "peer_time_us": best.time_us, "hfr_time_us": hfr.time_us,
-                              "speedup": best.time_us / hfr.time_us})
+                row = {"size": size, "placement": placement, "best_peer": best.backend,
+                       "peer_time_us": best.time_us, "hfr_time_us": hfr.time_us,
+                       "speedup": best.time_us / hfr.time_us}
+                if floor is not None:
+                    row.update(floor_time_us=floor.time_us, hfr_over_floor=hfr.time_us / floor.time_us)
+                table.append(row)
         return table
 
     def finish(self, results: list) -> int:
@@ -194,11 +200,14 @@ class Report:
         self._print("#")
         if speedups:
             self._print("# hfr speedup over the best peer (peer time / hfr time; > 1: hfr is faster)")
+            floors = any("floor_time_us" in s for s in speedups)
             self._print(f"# {'size':>12} {'placement':>12} {'best peer':>10} {'peer (us)':>11} {'hfr (us)':>11} "
-                        f"{'speedup':>8}")
+                        f"{'speedup':>8}" + (f" {'floor (us)':>11} {'hfr/floor':>9}" if floors else ""))
             for s in speedups:
+                floor = (f" {_fmt(s.get('floor_time_us'), 11, 1)} {_fmt(s.get('hfr_over_floor'), 9, 2)}"
+                         if floors else "")
                 self._print(f"  {s['size']:>12} {s['placement']:>12} {s['best_peer']:>10} {s['peer_time_us']:>11.1f} "
-                            f"{s['hfr_time_us']:>11.1f} {s['speedup']:>8.2f}")
+                            f"{s['hfr_time_us']:>11.1f} {s['speedup']:>8.2f}" + floor)
         else:
             self._print("# no speedup table: needs hfr and at least one peer with right results")
         self._write_files(results, speedups)
