@@ -83,11 +83,11 @@ def _node_protocol(engine, x: np.ndarray) -> Callable[[], object]:
                  for stage in range(STAGES)]
 
     def run() -> None:
-        vote, rail, folded = schedules[node_call.chunks_done % STAGES]
-        for schedule in (vote, rail):
+        vote, rails, folded = schedules[node_call.chunks_done % STAGES]
+        for schedule in (vote, *(rails or ())):
             if schedule is not None:
                 schedule.rewind()
-        if node_call.run(0, address, x.size, address, x.size, x.dtype, code, Op.SUM, op_code(Op.SUM), 0, vote, rail,
+        if node_call.run(0, address, x.size, address, x.size, x.dtype, code, Op.SUM, op_code(Op.SUM), 0, vote, rails,
                          folded):
             raise RuntimeError("the node's protocol did not end DONE")
 

@@ -337,7 +337,8 @@ cdef class Front:
         """Run the admitted allreduce, whose thread holds the running lock, raising its failure: in C,
         or across nodes where its call shape's rail schedules are not made yet, by the engine's Python
         (which makes them)."""
-        cdef Schedule vote = None, rail = None
+        cdef Schedule vote = None, rail
+        cdef list rails = None
         cdef bint folded = False
         cdef long long fields[DESCRIPTOR_FIELDS]  # the descriptor: collective, count, dtype, op, root
         cdef int outcome, d = o.dtype
@@ -349,23 +350,25 @@ cdef class Front:
                 if error is not None:
                     raise error
                 return
-            vote, rail, folded = schedules
+            vote, rails, folded = schedules
             vote.rewind()
-            if rail is not None:
-                rail.rewind()
+            for rail in rails:
+                if rail is not None:
+                    rail.rewind()
         fields[0], fields[1], fields[2], fields[3], fields[4] = ALLREDUCE, o.count, d, k, 0
         try:
             if o.cuda:
                 outcome = self.node_call.call_staged(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],
                                                      self.kernel_codes[k], k == AVG, self.cuda, o.stream, o.stream,
-                                                     self.staging, vote, rail, folded)
+                                                     self.staging, vote, rails, folded)
             else:
                 outcome = self.node_call.call(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],
-                                              self.kernel_codes[k], k == AVG, True, vote, rail, False, folded)
+                                              self.kernel_codes[k], k == AVG, True, vote, rails, False, folded,
+                                              False)
         except BaseException as error:  # Ctrl-C in a wait
-            raise self.engine.front_failed(x, op, out, error, g, vote, rail)
+            raise self.engine.front_failed(x, op, out, error, g, vote, rails)
         if outcome != DONE:
-            raise self.engine.front_failed(x, op, out, outcome, g, vote, rail)
+            raise self.engine.front_failed(x, op, out, outcome, g, vote, rails)
 
     cdef int _dtype_code(self, object dtype) except -2:
         """dtype's wire code, -1 where it is none of DTYPES (as the engine's checks compare dtypes)."""

@@ -65,8 +65,8 @@ cdef class NodeCall:
     cdef public str cuda_failure  # what failed in a staged call's copy (CUDA_FAILED)
 
     cdef int call(self, long long* fields, char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize, Kind kind,
-                  int code, bint avg, bint copy_out, Schedule vote, Schedule rail, bint staged,
-                  bint folded) except -1
+                  int code, bint avg, bint copy_out, Schedule vote, list rails, bint staged,
+                  bint folded, bint in_out) except -1
     cdef int call_staged(self, long long* fields, const char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize,
                          Kind kind, int code, bint avg, Device cuda, uintptr_t to_host, uintptr_t to_device,
-                         char* staging, Schedule vote, Schedule rail, bint folded) except -1
+                         char* staging, Schedule vote, list rails, bint folded) except -1

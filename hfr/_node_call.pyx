@@ -4,7 +4,7 @@ from the first step to the last.
 
 A call's elements are cut into the engine's chunks (chunk; on one node cache chunks, which the engine sizes
 so that the stages in flight fit the node's share of the last-level cache: a chunk is copied in, reduced
-and copied out while it is still there); a staged call and a call across nodes come here in one chunk.
+and copied out while it is still there); a staged call comes here in one chunk.
 Chunk c is chunk g = first_chunk + c of the Communicator and uses stage g % STAGES.
   announce   write the call's descriptor into our control row, then ANNOUNCED
   copy in    into our input slot, for each of the call's first STAGES chunks before the check and for chunk
@@ -17,8 +17,8 @@ Chunk c is chunk g = first_chunk + c of the Communicator and uses stage g % STAG
              other counter moves, so every rank's counters stay as they were (a folded call's, below, once
              its chunk is ended)
   reduce     per chunk: ARRIVED, then our slice of the inputs into the result slot (avg divided there);
-             across nodes, the slice's allreduce over the rail; then REDUCED (of a whole call, below, only
-             once done reading the input slots)
+             across nodes, the slice's allreduce (a reduce's reduce) over the rail; then REDUCED (of a
+             whole call, below, only once done reading the input slots)
   copy out   per chunk, once every rank has REDUCED: our part of the result slot into out, then CONSUMED. A
              whole call (WHOLE_UP_TO_BYTES, one node; out on the host, or a CUDA array's staging) instead
              reduces out's part straight from the input slots, which hold all of every rank's x (the same
@@ -36,10 +36,12 @@ steps (call_staged): x is copied whole into our input slot (after the announce, 
 our data, not for our call) and out's part of the result back to the device, each copy finished before
 the next step (hfr/_cuda.pyx). A whole call stages its result in a small page-locked buffer of this
 rank's (its reduce reads the input slots as the host's does), the others from the result slot.
-Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx) and turns
-the outcome into the call's result or error. The engine's Python loop runs every other call (a CUDA
-array's of several chunks, and across nodes those of several chunks, broadcast, allgather and the
-algorithms other than doubling and halving).
+With one rank a node, a host array's allreduce of several chunks makes each chunk's result in out itself
+(in_out), where the rail works on it: two copies fewer a chunk, the same bits.
+Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx, one per chunk)
+and turns the outcome into the call's result or error. The engine's Python loop runs every other call (a
+CUDA array's of several chunks; across nodes broadcast, allgather, and the algorithms whose steps are not
+a schedule in C: mpi and gather).
 """
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
@@ -72,6 +74,12 @@ cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
     WAITED = -2  # a wait that reached its target
 
+cdef struct Rail:  # a schedule of hfr/_internode.pyx over the rail, made in Python, polled here
+    advance_fn advance  # NULL: no schedule
+    void* state
+    RailCall* call
+
+
 cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and sizes in bytes
     long long* fields  # the descriptor: collective, x's count, dtype code, op code on the wire, root
     int collective
@@ -79,6 +87,7 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     bint deposits  # this rank copies x in
     bint copies_out  # this rank's out receives the result
     bint whole, folded, staged, copy_out
+    bint in_out  # the chunks' results lie in out itself, not in the result slot (an allreduce, one rank a node)
     char* x  # x's elements [x_at, x_at + x_nbytes) of the elements the chunks cut (total)
     Py_ssize_t x_nbytes, x_at
     char* out  # out's, likewise
@@ -94,6 +103,7 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     Py_ssize_t at  # the chunk the loop is at (a failure's)
     bint arrived  # folded: the vote carried our slice, and chunk 0 has ARRIVED
     bint counted  # every rank has ANNOUNCED the call: it counts in calls_done, whatever happens next
+    Rail* rails  # across nodes: per chunk, the allreduce (or reduce) of our slice over the rail; else NULL
 
 
 cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
@@ -128,12 +138,6 @@ cpdef tuple slice_bounds(Py_ssize_t count, int parts, int part, Py_ssize_t align
     """Elements [lo, hi) of `count` that part `part` of `parts` owns; every bound but the last is a
     multiple of align (the engine's slices of a chunk)."""
     return _edge(count, parts, part, align), _edge(count, parts, part + 1, align)
-
-
-cdef struct Rail:  # a schedule of hfr/_internode.pyx over the rail, made in Python, polled here
-    advance_fn advance  # NULL: no schedule
-    void* state
-    RailCall* call
 
 
 cdef void _rail_of(Schedule schedule, Rail* rail):
@@ -193,17 +197,19 @@ cdef class NodeCall:
         _announce(&self.node, _descriptor_column(self.calls_done), fields, self.calls_done)
 
     def run(self, int collective, size_t x, Py_ssize_t x_count, size_t out, Py_ssize_t out_count, object dtype,
-            int dtype_code, object op, int op_code_on_wire, int root, Schedule vote=None, Schedule rail=None,
-            bint folded=False, *, Device cuda=None, uintptr_t to_host=0, uintptr_t to_device=0,
+            int dtype_code, object op, int op_code_on_wire, int root, Schedule vote=None, list rails=None,
+            bint folded=False, bint in_out=False, *, Device cuda=None, uintptr_t to_host=0, uintptr_t to_device=0,
             size_t staging=0) -> int:
         """Run the call from chunk chunks_done on; returns its outcome (and, where it failed, the chunk it
         was at: failed_chunk). x and out are host addresses of x_count and out_count elements of dtype; op
         is an hfr.Op, avg dividing the sum by the ranks. Its descriptor is (collective, x_count, dtype_code,
         op_code_on_wire, root).
-        Across nodes (one chunk), vote is the call check's doubling of vote records, whose votes this fills,
-        and rail the allreduce of our slice of the result slot (None where the slice is empty); folded: the
-        vote's record carries our slice (its data: the slice's elements, none where it is empty) and rail
-        is None.
+        Across nodes, vote is the call check's doubling of vote records, whose votes this fills, and
+        rails[c] chunk c's allreduce (or reduce) of our slice of its result over the rail (None where the
+        slice is empty), one per chunk; folded (one chunk): the vote's record carries our slice (its data:
+        the slice's elements, none where it is empty) and rails is [None]. in_out (an allreduce of host
+        arrays, one rank a node): each chunk's result is made in out itself, where its rail works, rather
+        than in the result slot.
         With cuda, x and out are on that device and the call is staged (call_staged): the copies run on
         streams to_host and to_device, staging is this rank's page-locked buffer of WHOLE_UP_TO_BYTES."""
         cdef bint avg = op is Op.AVG
@@ -215,24 +221,25 @@ cdef class NodeCall:
         if cuda is not None:
             return self.call_staged(fields, <const char*>x, <char*>out, out_count, dtype.itemsize,
                                     kernel_kind(dtype, code), code, avg, cuda, to_host, to_device, <char*>staging, vote,
-                                    rail, folded)
+                                    rails, folded)
         return self.call(fields, <char*>x, <char*>out, out_count, dtype.itemsize, kernel_kind(dtype, code), code, avg,
-                         True, vote, rail, False, folded)
+                         True, vote, rails, False, folded, in_out)
 
     cdef int call(self, long long* fields, char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize, Kind kind,
-                  int code, bint avg, bint copy_out, Schedule vote, Schedule rail, bint staged,
-                  bint folded) except -1:
+                  int code, bint avg, bint copy_out, Schedule vote, list rails, bint staged,
+                  bint folded, bint in_out) except -1:
         """run() for callers in C: the descriptor's fields (collective, x_count, dtype code, op code on the
         wire, root), and the kernel's element kind and op code given. staged: x is our input slot of the
         stage, where the caller copied it after it announced the call (call_staged); without copy_out the
         call ends once the result is final, the caller copies it out and publishes CONSUMED. Counts the
         call once its ANNOUNCED wait passed, and its chunks once ended (DONE, MISMATCH_SPENT)."""
         cdef Plan p
-        cdef Py_ssize_t x_count = fields[1]
+        cdef Py_ssize_t x_count = fields[1], c
         p.fields, p.collective, p.staged, p.copy_out, p.folded = fields, fields[0], staged, copy_out, folded
         p.into_result = p.collective == BROADCAST or p.collective == ALLGATHER
         p.deposits = p.collective != BROADCAST or self.rank == fields[4]
-        p.copies_out = _copies_out(p.collective, self.rank == fields[4], out == x)
+        p.in_out = in_out
+        p.copies_out = _copies_out(p.collective, self.rank == fields[4], out == x) and not in_out
         # x and out within the elements the chunks cut: an allgather cuts out's, the others x's
         p.x, p.x_nbytes = x, x_count * itemsize
         p.out, p.out_nbytes = out, out_count * itemsize
@@ -240,21 +247,28 @@ cdef class NodeCall:
         p.x_at = self.rank * p.x_nbytes if p.collective == ALLGATHER else 0
         p.out_at = self.rank * p.out_nbytes if p.collective == REDUCE_SCATTER else 0
         p.whole = _whole(p.collective, vote is None, p.total)
-        # the engine's chunk; a staged call and one across nodes come here of one chunk (the engine's Python
-        # loop takes the others)
-        p.chunk = self.chunk
+        p.chunk = self.chunk  # the engine's: a staged call comes here of one chunk (the Python loop takes others)
         p.nchunks = (p.total + p.chunk - 1) // p.chunk
         p.itemsize, p.align, p.kind, p.code = itemsize, max(SLICE_ALIGN_BYTES // itemsize, 1), kind, code
         p.divisor = self.size if avg else 1
         _stores(&p, self.node.local_size, self.cache_bytes)
         p.first_chunk, p.calls_done, p.column = self.chunks_done, self.calls_done, _descriptor_column(self.calls_done)
-        p.at, p.arrived, p.counted = 0, False, False
-        cdef Rail vote_rail, data_rail
+        p.at, p.arrived, p.counted, p.rails = 0, False, False, NULL
+        cdef Rail vote_rail
         _rail_of(vote, &vote_rail)
-        _rail_of(rail, &data_rail)
+        if (vote is None) != (rails is None) or rails is not None and len(rails) != p.nchunks:
+            raise ValueError(f"across nodes a call takes the vote and a rail per chunk ({p.nchunks}): "
+                             f"vote {vote!r}, rails {rails!r}")
+        if rails is not None:
+            p.rails = <Rail*>malloc(len(rails) * sizeof(Rail))
+            if p.rails == NULL:
+                raise MemoryError()
+            for c in range(len(rails)):
+                _rail_of(rails[c], &p.rails[c])
         cdef int outcome
         with nogil:
-            outcome = _run(&self.node, &p, &vote_rail, &data_rail)
+            outcome = _run(&self.node, &p, &vote_rail)
+        free(p.rails)
         self.call_chunks, self.failed_chunk = p.nchunks, p.at
         if outcome == INTERRUPTED:
             return raise_pending()
@@ -268,7 +282,7 @@ cdef class NodeCall:
 
     cdef int call_staged(self, long long* fields, const char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize,
                          Kind kind, int code, bint avg, Device cuda, uintptr_t to_host, uintptr_t to_device,
-                         char* staging, Schedule vote, Schedule rail, bint folded) except -1:
+                         char* staging, Schedule vote, list rails, bint folded) except -1:
         """call() of a CUDA array x (allreduce, reduce or reduce_scatter; x and out device addresses, of one
         chunk), staged (the module's docstring): announce, x into our input slot on stream to_host, the call,
         out's part of the result to out on stream to_device, CONSUMED. A whole call (_whole) reduces all of
@@ -290,7 +304,8 @@ cdef class NodeCall:
             self.cuda_failure = f"copying x to the host: {error_text(error)}"
             return CUDA_FAILED
         cdef int outcome = self.call(fields, slot, staging if whole else NULL, out_count, itemsize, kind, code, avg,
-                                     whole, vote, rail, True, folded)  # copy_out, vote, rail, staged, folded
+                                     whole, vote, rails, True, folded, False)  # copy_out, vote, rails, staged,
+        # folded, in_out
         if outcome != DONE:
             return outcome
         if copies_out:
@@ -493,13 +508,14 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
     return MISMATCH_SPENT
 
 
-cdef int _run(Node* node, Plan* p, Rail* vote, Rail* rail) noexcept nogil:
+cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
     """The call: announce, the first copies in, check, then per chunk reduce and copy out (the module's
     docstring); DONE, or the outcome that stopped it at chunk p.at."""
     cdef Py_ssize_t c, first, count, lo, hi, a, b
     cdef int64_t g
     cdef char* slots
     cdef char* result
+    cdef char* own
     cdef int waited
     cdef bint ahead = p.deposits and not p.into_result  # copies in run up to STAGES chunks ahead
 
@@ -518,8 +534,8 @@ cdef int _run(Node* node, Plan* p, Rail* vote, Rail* rail) noexcept nogil:
         p.at = c
         g = p.first_chunk + c
         slots = _stage(node, g)
-        result = slots + node.local_size * node.slot_bytes
         _bounds(node, p, c, &first, &count, &lo, &hi)
+        result = p.out + first if p.in_out else slots + node.local_size * node.slot_bytes
         if p.deposits and p.into_result:
             waited = _deposit(node, p, c)
             if waited != WAITED:
@@ -532,12 +548,16 @@ cdef int _run(Node* node, Plan* p, Rail* vote, Rail* rail) noexcept nogil:
             waited = _arrive(node, g)
             if waited != WAITED:
                 return waited
+            own = p.x + first
             if not p.into_result and hi > lo:  # a whole call's too, for ranks in the engine's Python loop
-                if _reduce_slice(node, p, result + lo, p.x + first, slots, lo, hi, p.slot_stores):
+                if (not (p.in_out and own == result and p.divisor == 1)
+                        and _reduce_slice(node, p, result + lo, own, slots, lo, hi,
+                                          p.out_stores if p.in_out else p.slot_stores)):
                     return NO_MEMORY
-                waited = _run_rail(node, rail, RAIL_STOPPED)  # a rail comes with one chunk only
-                if waited != WAITED:
-                    return waited
+                if p.rails != NULL:
+                    waited = _run_rail(node, &p.rails[c], RAIL_STOPPED)
+                    if waited != WAITED:
+                        return waited
         # copy out: out's part [a, b) of the chunk
         a, b = max(first, p.out_at), min(first + count, p.out_at + p.out_nbytes)
         if not p.copies_out:

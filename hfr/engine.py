@@ -32,8 +32,9 @@ CONSUMED) before raising, so the node's counters agree for the next call.
 On one node the chunk is a **cache chunk** (cache_chunk_bytes): its stages in flight stay in the
 last-level cache. Every rank cuts a call alike, whichever path runs it, since a call's descriptor says
 nothing of where its arrays are. The protocol runs in C (hfr/_node_call.pyx, which keeps the sequence
-numbers of every call) for every host array's call on one node and for the calls of one chunk that _run
-names; this Python loop runs the rest.
+numbers of every call) for the calls _run names: every host array's call on one node, across nodes those
+that reduce by an algorithm whose schedule C polls (one per chunk), and a CUDA array's of one chunk. This
+Python loop runs the rest.
 The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock
 for the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's of one
 chunk on this engine's device once _copies has met one) in C.
@@ -86,8 +87,9 @@ SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are ret
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
 _STAGED = ("allreduce", "reduce", "reduce_scatter")  # the CUDA calls that run in C: x whole in our input slot
-_RAIL_IN_C = ("doubling", "halving")  # the inter-node algorithms a call in C polls (hfr/_internode.pyx's Doubling)
-_RAIL_SHAPES_KEPT = 64  # calls in C across nodes: the rail schedules kept for this many call shapes
+_RAIL_IN_C = internode.SCHEDULED_ALGOS  # the inter-node algorithms a call in C polls (their schedules)
+_REWOUND = ("doubling", "halving")  # calls of one chunk in C by these keep their schedules per call shape
+_RAIL_SHAPES_KEPT = 64  # ... for this many call shapes
 _FOLDED_UP_TO_BYTES = internode.VOTE_ROOM_BYTES  # folded calls (the terms above): at most the vote record's room
 
 
@@ -312,29 +314,29 @@ class Engine:
         self.front.broken = error = _as_hfr_error(failure, call, self.layout) if wrap else failure
         return error
 
-    def front_failed(self, x: Any, op: Any, out: Any, ended: Any, g: int, vote, rail) -> BaseException:
+    def front_failed(self, x: Any, op: Any, out: Any, ended: Any, g: int, vote, rails) -> BaseException:
         """What an allreduce that the front ran in C raises where it did not end DONE: ended is its outcome,
         or the exception that stopped it (Ctrl-C in a wait); as for the engine's own calls
         (_run_in_c, then _execute)."""
         call = self.front_call(x, op, out)
         try:
             if isinstance(ended, BaseException):
-                internode.abandon(vote, rail)
+                internode.abandon(vote, *(rails or ()))
                 raise ended
-            self._c_call_failed(call, ended, g, vote, rail)  # raises
+            self._c_call_failed(call, ended, g, vote, rails)  # raises
         except BaseException as failure:
             return self._failed(call, failure)
 
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
         x = call.x
-        # In C (hfr/_node_call.pyx), with the Cython kernel: a host array's call on one node, of any size;
-        # a call of one chunk that reduces (_STAGED), a CUDA array's staged whole in our input slot where it
-        # is reduced from there, across nodes with the rail's schedule in C too (_RAIL_IN_C).
-        in_c = self.front.in_c and not call.refused and (  # a refused call's descriptor is the Python loop's
-            x.kind == "numpy" and self.layout.nnodes == 1
-            or 0 < call.nbytes <= self.chunk and call.collective in _STAGED and (
-                self.layout.nnodes == 1 or self._algo_for(call) in _RAIL_IN_C))
+        # In C (hfr/_node_call.pyx), with the Cython kernel: a host array's call on one node, of any size, and
+        # across nodes one that reduces (_STAGED) by an algorithm whose steps C polls (_RAIL_IN_C); a CUDA
+        # array's call of one chunk that reduces, staged whole in our input slot where it is reduced from
+        # there, on one node or by such an algorithm.
+        rail_in_c = self.layout.nnodes == 1 or call.collective in _STAGED and self._algo_for(call) in _RAIL_IN_C
+        in_c = self.front.in_c and not call.refused and rail_in_c and (  # a refused call's descriptor is the
+            x.kind == "numpy" or 0 < call.nbytes <= self.chunk and call.collective in _STAGED)  # Python loop's
         if in_c and x.kind == "numpy":
             self._run_in_c(call, None)
             return
@@ -381,9 +383,7 @@ class Engine:
         # all of x in a whole call (the terms above), whose ranks in C reduce their out from the slots.
         whole = layout.nnodes == 1 and call.nbytes <= WHOLE_UP_TO_BYTES
         own_slice_from_x = x.kind == "numpy" and not into_result and not whole
-        # With one rank a node, that rank's data is its node's sum: a host array's allreduce then works
-        # in out itself (two copies fewer), with the same bits.
-        straight_to_out = own_slice_from_x and layout.local_size == 1 and call.collective == "allreduce"
+        straight_to_out = self._result_in_out(call)
         copies_out = copies_out and not straight_to_out
 
         def bounds(c: int) -> tuple[int, int, int, int]:
@@ -498,8 +498,8 @@ class Engine:
         self._node_call.chunks_done = g + 1
 
     def _run_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
-        """The steps of _run_chunks in C, with the GIL released throughout (across nodes, for one chunk, with
-        the rail's vote and allreduce polled in C too). With copies (a CUDA array, one chunk) the call is
+        """The steps of _run_chunks in C, with the GIL released throughout (across nodes with the rail's vote
+        and each chunk's rail schedule polled in C too). With copies (a CUDA array, one chunk) the call is
         staged in C (hfr/_node_call.pyx): x copied whole into our input slot first and our part of the result
         out after, on the caller's stream for a call run on its thread, else on ours after the caller's ready
         event."""
@@ -509,17 +509,57 @@ class Engine:
         if copies is not None:
             cuda, staging = copies.driver, copies.staging_address
             to_host, to_device = copies.streams(call.ready, x.stream)
-        vote, rail, folded = self._rail_schedules(call, g % STAGES) if self.layout.nnodes > 1 else (None, None, False)
+        vote, rails, folded = self._rails(call, g)
         try:
             outcome = self._node_call.run(
                 code, x.address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype), call.op,
-                -1 if code in _NO_OP else op_code(call.op), call.root, vote=vote, rail=rail, folded=folded,
+                -1 if code in _NO_OP else op_code(call.op), call.root, vote, rails, folded, self._result_in_out(call),
                 cuda=cuda, to_host=to_host, to_device=to_device, staging=staging)
         except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
-            internode.abandon(vote, rail)
+            internode.abandon(vote, *(rails or ()))
             raise
         if outcome != _node_call.Outcome.DONE:
-            self._c_call_failed(call, outcome, g, vote, rail)
+            self._c_call_failed(call, outcome, g, vote, rails)
+
+    def _result_in_out(self, call: Call) -> bool:
+        """Whether each chunk's result is made in out itself, not in the result slot (in_out, as
+        hfr/_node_call.pyx says), in C and in the Python loop alike: across nodes, a host array's allreduce
+        with one rank a node, whose data is its node's sum (two copies fewer a chunk, the same bits), unless
+        its rail schedules are kept per call shape (_kept), over the result slot."""
+        return (self.layout.nnodes > 1 and self.layout.local_size == 1 and call.x.kind == "numpy"
+                and call.collective == "allreduce" and not self._kept(call))
+
+    def _kept(self, call: Call) -> bool:
+        """Whether the call's rail schedules are kept per call shape and rewound (_rail_schedules): across
+        nodes, one chunk by doubling or halving, where making them would cost more than the exchanges."""
+        return self.layout.nnodes > 1 and 0 < call.nbytes <= self.chunk and self._algo_for(call) in _REWOUND
+
+    def _rails(self, call: Call, g: int) -> tuple:
+        """(vote, rails, folded) of a call in C from chunk g on: across nodes the call check's vote and per
+        chunk the allreduce (a reduce's reduce) of our slice of its result over the rail (None where the
+        slice is empty), or, folded, the vote carrying the slice and no rail; (None, None, False) on one
+        node. Kept per call shape (_kept), or made for the call."""
+        if self.layout.nnodes == 1:
+            return None, None, False
+        if self._kept(call):
+            return self._rail_schedules(call, g % STAGES)
+        algo, itemsize = self._algo_for(call), call.x.dtype.itemsize
+        self._vote.rewind()
+        root = self.layout.rank_nodes[call.root] if call.collective == "reduce" else None
+        op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
+        chunk = self.chunk // itemsize
+        rails = []
+        for c in range(-(-call.elements // chunk)):
+            first = c * chunk
+            lo, hi = slice_bounds(min(chunk, call.elements - first), self.layout.local_size, self.layout.local_rank,
+                                  SLICE_ALIGN_BYTES // itemsize)
+            if self._result_in_out(call):
+                buf = call.out.flat[first + lo : first + hi]
+            else:
+                buf = self.segment.result((g + c) % STAGES)[lo * itemsize : hi * itemsize].view(call.x.dtype)
+            rails.append(internode.schedule(self.rail_comm, buf, first + lo, op, algo, self.threads, root=root)
+                         if hi > lo else None)
+        return self._vote, rails, False
 
     def _folded(self, call: Call) -> bool:
         """Whether the call's one chunk goes over the rail with the call check's vote (folded, the terms
@@ -529,40 +569,38 @@ class Engine:
                 and 0 < call.nbytes <= min(_FOLDED_UP_TO_BYTES, self.chunk) and self._algo_for(call) == "doubling")
 
     def _rail_schedules(self, call: Call, stage: int) -> tuple:
-        """A reducing call of one chunk across nodes: (vote, rail, folded), made once per call shape and
-        rewound. Unfolded, vote is the call check's (its votes filled in by the caller) and rail the
-        allreduce of our slice of the result slot over the rail (None where the slice is empty); folded,
-        vote carries the slice in its record and rail is None."""
+        """_rails of a call of one chunk by doubling or halving, made once per call shape and rewound: the
+        front runs such calls with them too."""
         shape = rail_shape_key(stage, call.elements, dtype_code(call.x.dtype), op_code(call.op))
         schedules = self._rail_shapes.get(shape)
         if schedules is None:
             if len(self._rail_shapes) >= _RAIL_SHAPES_KEPT:
                 del self._rail_shapes[next(iter(self._rail_shapes))]  # the oldest
             schedules = self._rail_shapes[shape] = self._rail_schedule(call, stage)
-        vote, rail, _ = schedules
+        vote, (rail,), _ = schedules
         vote.rewind()
         if rail is not None:
             rail.rewind()
         return schedules
 
     def _rail_schedule(self, call: Call, stage: int) -> tuple:
-        """(vote, rail, folded) for _rail_schedules."""
+        """(vote, [rail], folded) for _rail_schedules."""
         size = call.x.dtype.itemsize
         lo, hi = slice_bounds(call.elements, self.layout.local_size, self.layout.local_rank, SLICE_ALIGN_BYTES // size)
         op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
         if self._folded(call):
             vote = internode.vote_schedule(self.rail_comm, self._vote_record, hi - lo, call.x.dtype, op, self.threads)
-            return vote, None, True
+            return vote, [None], True
         if lo == hi:
-            return self._vote, None, False
+            return self._vote, [None], False
         if self._rail_scratch.nbytes < (hi - lo) * size:
             self._rail_scratch = np.empty((hi - lo) * size, np.uint8)  # schedules made before keep theirs
         result = self.segment.result(stage)[lo * size : hi * size].view(call.x.dtype)
-        rail = internode.doubling(self.rail_comm, result, op, self.threads, halving=self._algo_for(call) == "halving",
+        rail = internode.schedule(self.rail_comm, result, lo, op, self._algo_for(call), self.threads,
                                   scratch=self._rail_scratch)
-        return self._vote, rail, False
+        return self._vote, [rail], False
 
-    def _c_call_failed(self, call: Call, outcome: int, g: int, vote, rail) -> None:
+    def _c_call_failed(self, call: Call, outcome: int, g: int, vote, rails) -> None:
         """Raise what the outcome of a call in C from chunk g on means, as the Python loop would have at the
         same step (NodeCall counted the call and its chunks as that loop would)."""
         Outcome = _node_call.Outcome
@@ -577,8 +615,10 @@ class Engine:
             except HFRTimeoutError as error:
                 raise self._timed_out(f"the call check ({error})", None, error.rail_peers) from None
         if outcome == Outcome.RAIL_STOPPED:
+            root = self.layout.rank_nodes[call.root] if call.collective == "reduce" else None
             try:
-                internode.stopped(self.rail_comm, rail, f"allreduce ({self._algo_for(call)})")
+                internode.stopped(self.rail_comm, rails[self._node_call.failed_chunk],
+                                  internode.schedule_what(self._algo_for(call), root))
             except HFRTimeoutError as error:
                 raise self._timed_out(f"the rail's step ({error})", None, error.rail_peers) from None
         if outcome == Outcome.MISMATCH:

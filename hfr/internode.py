@@ -52,14 +52,15 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _wait
-from ._internode import BLOCKS_IN_FLIGHT, Doubling, Ring, TreePipeline, ring_scratch_elements
+from ._internode import BLOCKS_IN_FLIGHT, Doubling, Ring, Schedule, TreePipeline, ring_scratch_elements
 from ._internode import VOTE_RECORD_WORDS as VOTE_WORDS
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
 from .errors import HFRTimeoutError
 from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
-__all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "VoteRecord", "doubling", "stopped", "abandon",
+__all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "VoteRecord", "schedule", "schedule_what",
+           "SCHEDULED_ALGOS", "stopped", "abandon",
            "keep_for_good", "choose_algo", "report_absent", "reported_absent", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
            "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
@@ -92,15 +93,9 @@ def allreduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, *, algo: str 
     op = _check(rail, buf, first, op, algo, block_bytes)
     if rail.Get_size() == 1 or buf.size == 0:
         return
-    if algo == "dbtree":
-        rank, n = rail.Get_rank(), rail.Get_size()
-        nodes = [parent_children(rank, n, which) for which in TREES]
-        return _run_trees(rail, buf, first, op, nodes, block_bytes, threads, deadline, "allreduce (dbtree)",
-                          up=True, down=True)
-    if algo in ("doubling", "halving"):
-        return _run_doubling(rail, buf, op, threads, deadline, halving=algo == "halving")
-    if algo == "ring":
-        return _run_ring(rail, buf, first, op, threads, deadline, "allreduce (ring)")
+    if algo in SCHEDULED_ALGOS:
+        return _run_in_c(rail, schedule(rail, buf, first, op, algo, threads, block_bytes=block_bytes), deadline,
+                         schedule_what(algo))
     flow = _mpi_allreduce(rail, buf, op) if algo == "mpi" else _gather_allreduce(rail, buf, op, threads)
     flows = [_Sequence(flow)]
     _drive(rail, flows, deadline, f"allreduce ({algo})")
@@ -114,13 +109,9 @@ def reduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, root: int, *, al
     op = _check(rail, buf, first, op, algo, block_bytes, root)
     if rail.Get_size() == 1 or buf.size == 0:
         return
-    if algo == "dbtree":
-        return _run_trees(rail, buf, first, op, _rooted_nodes(rail, root), block_bytes, threads, deadline,
-                          f"reduce to {root} (dbtree)", up=True, down=False)
-    if algo in ("doubling", "halving"):
-        return _run_doubling(rail, buf, op, threads, deadline, halving=algo == "halving")
-    if algo == "ring":
-        return _run_ring(rail, buf, first, op, threads, deadline, f"reduce to {root} (ring)")
+    if algo in SCHEDULED_ALGOS:
+        return _run_in_c(rail, schedule(rail, buf, first, op, algo, threads, root=root, block_bytes=block_bytes),
+                         deadline, schedule_what(algo, root))
     flow = _mpi_reduce(rail, buf, op, root) if algo == "mpi" else _gather_allreduce(rail, buf, op, threads)
     flows = [_Sequence(flow)]
     _drive(rail, flows, deadline, f"reduce to {root} ({algo})")
@@ -132,8 +123,8 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
     _check(rail, buf, first, Op.SUM, "dbtree", block_bytes, root)
     if rail.Get_size() == 1 or buf.size == 0:
         return
-    _run_trees(rail, buf, first, Op.SUM, _rooted_nodes(rail, root), block_bytes, 1, deadline,
-               f"broadcast from {root}", up=False, down=True)
+    _run_in_c(rail, _trees(rail, buf, first, Op.SUM, _rooted_nodes(rail, root), block_bytes, 1, up=False, down=True),
+              deadline, f"broadcast from {root}")
 
 
 DOUBLING_UP_TO_BYTES = 64 * 1024
@@ -278,14 +269,14 @@ def _rooted_nodes(rail: MPI.Comm, root: int) -> list[Node]:
     return [rooted_parent_children(rank, n, which, root) for which in TREES]
 
 
-def _run_trees(rail, buf, first, op, nodes, block_bytes, threads, deadline, what, *, up, down) -> None:
-    """The trees' blocks through hfr/_internode.pyx's pipeline."""
+def _trees(rail, buf, first, op, nodes, block_bytes, threads, *, up, down, scratch=None) -> TreePipeline:
+    """The trees' blocks, up and/or down, as a schedule of hfr/_internode.pyx."""
     granule = TREE_GRANULE_BYTES // buf.itemsize
     block = min(max(1, block_bytes // buf.itemsize), granule, buf.size)
-    scratch = _scratch("tree", len(TREES) * BLOCKS_IN_FLIGHT * 2 * block * buf.itemsize if up else 0)
     # per tree: BLOCKS_IN_FLIGHT slots of up to 2 children's blocks
-    _run_in_c(rail, TreePipeline(rail, buf, op, scratch, threads, first, nodes, granule, block, up, down,
-                                 _TREE_TAGS), deadline, what)
+    need = len(TREES) * BLOCKS_IN_FLIGHT * 2 * block * buf.itemsize if up else 0
+    return TreePipeline(rail, buf, op, _scratch("tree", need) if scratch is None else scratch, threads, first, nodes,
+                        granule, block, up, down, _TREE_TAGS)
 
 
 def _run_in_c(rail: MPI.Comm, schedule, deadline: Optional[float], what: str) -> None:
@@ -360,20 +351,37 @@ def reported_absent(rail: MPI.Comm, peers: list[int], room: int, grace: float) -
     return reports
 
 
-# ---------------------------------------------------------------------------------------- doubling
+# ---------------------------------------------------------------------------------------- schedules
 
 
-def doubling(rail: MPI.Comm, buf: np.ndarray, op: Op, threads: int, *, halving: bool = False,
-             tag: int = _DOUBLING_TAG, scratch: Optional[np.ndarray] = None) -> Doubling:
-    """The schedule of one allreduce of buf by doubling (or halving), to run with _run_in_c or to poll
-    in C (hfr/_node_call.pyx); scratch: room for buf's bytes (default: this thread's)."""
-    return Doubling(rail, buf, op, _scratch("doubling", buf.nbytes) if scratch is None else scratch, threads, tag,
-                    halving)
+SCHEDULED_ALGOS = ("dbtree", "ring", "doubling", "halving")  # those whose steps are a schedule in C
 
 
-def _run_doubling(rail, buf, op, threads, deadline, *, halving: bool) -> None:
-    _run_in_c(rail, doubling(rail, buf, op, threads, halving=halving), deadline,
-              f"allreduce ({'halving' if halving else 'doubling'})")
+def schedule(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, algo: str, threads: int, *,
+             root: Optional[int] = None, block_bytes: int = DEFAULT_BLOCK_BYTES,
+             scratch: Optional[np.ndarray] = None) -> Schedule:
+    """The schedule (hfr/_internode.pyx) of one allreduce of the slice buf (its global first element
+    `first`) by algo, one of SCHEDULED_ALGOS; with root, of a reduce to rail rank root (dbtree: up the trees
+    rooted there; the others run their allreduce). To run with _run_in_c, or to poll in C between the
+    node's steps (hfr/_node_call.pyx). scratch: room for what the algo receives (default: this thread's)."""
+    if algo == "dbtree":
+        nodes = ([parent_children(rail.Get_rank(), rail.Get_size(), which) for which in TREES] if root is None
+                 else _rooted_nodes(rail, root))
+        return _trees(rail, buf, first, op, nodes, block_bytes, threads, up=True, down=root is None, scratch=scratch)
+    if algo == "ring":
+        granule = max(1, RING_GRANULE_BYTES // buf.itemsize)
+        need = ring_scratch_elements(first, buf.size, granule, rail.Get_size()) * buf.itemsize
+        return Ring(rail, buf, op, _scratch("ring", need) if scratch is None else scratch, threads, _RING_TAG, first,
+                    granule)
+    if algo in ("doubling", "halving"):
+        return Doubling(rail, buf, op, _scratch("doubling", buf.nbytes) if scratch is None else scratch, threads,
+                        _DOUBLING_TAG, algo == "halving")
+    raise ValueError(f"algo {algo!r} has no schedule: expected one of {list(SCHEDULED_ALGOS)}")
+
+
+def schedule_what(algo: str, root: Optional[int] = None) -> str:
+    """What a schedule's timeout says it ran: "allreduce (ring)", "reduce to 1 (dbtree)"."""
+    return f"allreduce ({algo})" if root is None else f"reduce to {root} ({algo})"
 
 
 VOTE_WHAT = "the call check's vote"
@@ -418,19 +426,6 @@ def _gather_allreduce(rail, buf, op, threads) -> Iterator[tuple[list[MPI.Request
     gathered = _typed_scratch("gather", (rail.Get_size(), buf.size), buf.dtype)
     yield [rail.Iallgather(_bytes(buf), _bytes(gathered))], "MPI's Iallgather (some rail rank has not joined it)"
     unchecked_reducer()(buf, list(gathered), op, threads)
-
-
-# ---------------------------------------------------------------------------------------- ring
-
-
-def _run_ring(rail, buf, first, op, threads, deadline, what: str) -> None:
-    """Reduce-scatter then allgather around the rail, in C (hfr/_internode.pyx's Ring): at step s rank r
-    passes segment (r - s) to its right neighbour. Segment k is the granules g (global index //
-    RING_GRANULE_BYTES' elements) with g % n == k, so an element's segment, hence the order its n values
-    are combined in, follows from its global index."""
-    granule = max(1, RING_GRANULE_BYTES // buf.itemsize)
-    scratch = _scratch("ring", ring_scratch_elements(first, buf.size, granule, rail.Get_size()) * buf.itemsize)
-    _run_in_c(rail, Ring(rail, buf, op, scratch, threads, _RING_TAG, first, granule), deadline, what)
 
 
 # ---------------------------------------------------------------------------------------- mpi

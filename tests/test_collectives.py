@@ -57,6 +57,18 @@ def test_every_inter_node_algo_through_the_engine(algo):
     assert "collectives ok" in out
 
 
+@pytest.mark.parametrize("algo", ["dbtree", "ring", "halving"])
+def test_one_rank_a_node_makes_each_chunk_in_out_itself(algo):
+    """3 emulated nodes of 1 rank: an allreduce's chunks are made in out itself, where the rail works on
+    them (in C, and on rank 1 in the engine's Python loop, in the same calls); right results, in place
+    and not, and but for ring the same bits for any chunk size."""
+    cfg = {"local_size": 1, "chunk_bytes": [4096, 1 << 20] if algo != "ring" else [4096], "sizes": [0, 7, 100003],
+           "dtypes": ["float32", "bfloat16", "int64"], "ops": ["sum", "avg", "max"],
+           "collectives": ["allreduce", "reduce"], "python_loop_ranks": [1]}
+    out = run_mpi(3, "collectives_worker.py", json.dumps(cfg), env={"HFR_ALGO": algo}, timeout=240).stdout
+    assert "collectives ok" in out
+
+
 @pytest.mark.parametrize("nprocs,local_size", [(2, None), (4, 2)])
 def test_large_array_many_chunks(nprocs, local_size):
     """A few MiB + 3 elements: many chunks, a ragged last one, slices split across trees."""

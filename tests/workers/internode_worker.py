@@ -152,7 +152,8 @@ def check_rewound_schedules() -> None:
     for halving in (False, True):
         for dtype, op in ((np.dtype(np.float32), Op.SUM), (np.dtype(np.int64), Op.MAX)):
             buf = np.empty(1001, dtype)
-            schedule = internode.doubling(COMM, buf, op, 2, halving=halving, scratch=np.empty(buf.nbytes, np.uint8))
+            schedule = internode.schedule(COMM, buf, 0, op, "halving" if halving else "doubling", 2,
+                                          scratch=np.empty(buf.nbytes, np.uint8))
             for round_ in range(4):
                 case += 1
                 buf[:] = make_input(RANK, dtype, op, buf.size, case)
@@ -233,7 +234,7 @@ def check_dead_peer() -> None:
             raise AssertionError(f"{algo}: allreduce returned without its peer")
     # A schedule that stopped part way may still have receives posted: it never runs again.
     buf = np.ones(1000, np.float32)
-    stopped = internode.doubling(COMM, buf, Op.SUM, 1)
+    stopped = internode.schedule(COMM, buf, 0, Op.SUM, "doubling", 1)
     assert not stopped.run(time.monotonic() + 0.2, internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
     try:
         stopped.rewind()

@@ -13,6 +13,7 @@ argv: HOSTS RANKS_PER_HOST [LOOP]. Every rank
     MPI state is unknown after the cut).
 A loop that runs past LOOP_LIMIT_S raises, which aborts the job.
 """
+import faulthandler
 import os
 import sys
 import time
@@ -62,9 +63,12 @@ while True:
                              "the link was not cut, or the cut went unnoticed")
     x = big if loop == "mixed" and calls % 2 == 0 else small
     x[...] = 1
+    # a call that nears its error's deadline prints where every thread of this rank is, for the test's log
+    faulthandler.dump_traceback_later(comm.timeout + GRACE_S - 1, exit=False)
     try:
         comm.allreduce(x)
     except hfr.HFRError as error:
+        faulthandler.cancel_dump_traceback_later()
         waited = time.monotonic() - last_done
         print(f"rank {rank}: {type(error).__name__} after {waited:.1f} s ({calls} calls in the loop): {error}",
               flush=True)
