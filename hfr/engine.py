@@ -331,10 +331,11 @@ class Engine:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
         x = call.x
         # In C (hfr/_node_call.pyx), with the Cython kernel: a host array's call on one node, of any size, and
-        # across nodes one that reduces (_STAGED) by an algorithm whose steps C polls (_RAIL_IN_C); a CUDA
+        # across nodes a broadcast or one that reduces (_STAGED) by an algorithm whose steps C polls; a CUDA
         # array's call of one chunk that reduces, staged whole in our input slot where it is reduced from
         # there, on one node or by such an algorithm.
-        rail_in_c = self.layout.nnodes == 1 or call.collective in _STAGED and self._algo_for(call) in _RAIL_IN_C
+        rail_in_c = (self.layout.nnodes == 1 or call.collective == "broadcast"
+                     or call.collective in _STAGED and self._algo_for(call) in _RAIL_IN_C)
         in_c = self.front.in_c and not call.refused and rail_in_c and (  # a refused call's descriptor is the
             x.kind == "numpy" or 0 < call.nbytes <= self.chunk and call.collective in _STAGED)  # Python loop's
         if in_c and x.kind == "numpy":
@@ -532,21 +533,29 @@ class Engine:
     def _kept(self, call: Call) -> bool:
         """Whether the call's rail schedules are kept per call shape and rewound (_rail_schedules): across
         nodes, one chunk by doubling or halving, where making them would cost more than the exchanges."""
-        return self.layout.nnodes > 1 and 0 < call.nbytes <= self.chunk and self._algo_for(call) in _REWOUND
+        return (self.layout.nnodes > 1 and call.collective in _STAGED and 0 < call.nbytes <= self.chunk
+                and self._algo_for(call) in _REWOUND)
 
     def _rails(self, call: Call, g: int) -> tuple:
         """(vote, rails, folded) of a call in C from chunk g on: across nodes the call check's vote and per
-        chunk the allreduce (a reduce's reduce) of our slice of its result over the rail (None where the
-        slice is empty), or, folded, the vote carrying the slice and no rail; (None, None, False) on one
-        node. Kept per call shape (_kept), or made for the call."""
+        chunk the allreduce (a reduce's reduce, a broadcast's broadcast) of our slice of its result over the
+        rail (None where the slice is empty), or, folded, the vote carrying the slice and no rail; (None,
+        None, False) on one node. Kept per call shape (_kept), or made for the call."""
         if self.layout.nnodes == 1:
             return None, None, False
         if self._kept(call):
             return self._rail_schedules(call, g % STAGES)
-        algo, itemsize = self._algo_for(call), call.x.dtype.itemsize
+        itemsize, root = call.x.dtype.itemsize, self.layout.rank_nodes[call.root]
         self._vote.rewind()
-        root = self.layout.rank_nodes[call.root] if call.collective == "reduce" else None
-        op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
+        if call.collective == "broadcast":
+            def schedule(buf: np.ndarray, first: int) -> Any:
+                return internode.broadcast_schedule(self.rail_comm, buf, first, root)
+        else:
+            algo, op = self._algo_for(call), Op.SUM if call.op is Op.AVG else call.op  # partial means are summed
+
+            def schedule(buf: np.ndarray, first: int) -> Any:
+                return internode.schedule(self.rail_comm, buf, first, op, algo, self.threads,
+                                          root=root if call.collective == "reduce" else None)
         chunk = self.chunk // itemsize
         rails = []
         for c in range(-(-call.elements // chunk)):
@@ -557,8 +566,7 @@ class Engine:
                 buf = call.out.flat[first + lo : first + hi]
             else:
                 buf = self.segment.result((g + c) % STAGES)[lo * itemsize : hi * itemsize].view(call.x.dtype)
-            rails.append(internode.schedule(self.rail_comm, buf, first + lo, op, algo, self.threads, root=root)
-                         if hi > lo else None)
+            rails.append(schedule(buf, first + lo) if hi > lo else None)
         return self._vote, rails, False
 
     def _folded(self, call: Call) -> bool:
@@ -615,10 +623,11 @@ class Engine:
             except HFRTimeoutError as error:
                 raise self._timed_out(f"the call check ({error})", None, error.rail_peers) from None
         if outcome == Outcome.RAIL_STOPPED:
-            root = self.layout.rank_nodes[call.root] if call.collective == "reduce" else None
+            root = self.layout.rank_nodes[call.root]
+            what = (internode.broadcast_what(root) if call.collective == "broadcast" else
+                    internode.schedule_what(self._algo_for(call), root if call.collective == "reduce" else None))
             try:
-                internode.stopped(self.rail_comm, rails[self._node_call.failed_chunk],
-                                  internode.schedule_what(self._algo_for(call), root))
+                internode.stopped(self.rail_comm, rails[self._node_call.failed_chunk], what)
             except HFRTimeoutError as error:
                 raise self._timed_out(f"the rail's step ({error})", None, error.rail_peers) from None
         if outcome == Outcome.MISMATCH:

@@ -60,7 +60,7 @@ from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "VoteRecord", "schedule", "schedule_what",
-           "SCHEDULED_ALGOS", "stopped", "abandon",
+           "SCHEDULED_ALGOS", "broadcast_schedule", "broadcast_what", "stopped", "abandon",
            "keep_for_good", "choose_algo", "report_absent", "reported_absent", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
            "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
@@ -123,8 +123,8 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
     _check(rail, buf, first, Op.SUM, "dbtree", block_bytes, root)
     if rail.Get_size() == 1 or buf.size == 0:
         return
-    _run_in_c(rail, _trees(rail, buf, first, Op.SUM, _rooted_nodes(rail, root), block_bytes, 1, up=False, down=True),
-              deadline, f"broadcast from {root}")
+    _run_in_c(rail, broadcast_schedule(rail, buf, first, root, block_bytes=block_bytes), deadline,
+              broadcast_what(root))
 
 
 DOUBLING_UP_TO_BYTES = 64 * 1024
@@ -377,6 +377,16 @@ def schedule(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, algo: str, thr
         return Doubling(rail, buf, op, _scratch("doubling", buf.nbytes) if scratch is None else scratch, threads,
                         _DOUBLING_TAG, algo == "halving")
     raise ValueError(f"algo {algo!r} has no schedule: expected one of {list(SCHEDULED_ALGOS)}")
+
+
+def broadcast_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
+                       block_bytes: int = DEFAULT_BLOCK_BYTES) -> TreePipeline:
+    """The schedule of one broadcast of the slice buf from rail rank root, down both trees rooted there."""
+    return _trees(rail, buf, first, Op.SUM, _rooted_nodes(rail, root), block_bytes, 1, up=False, down=True)
+
+
+def broadcast_what(root: int) -> str:
+    return f"broadcast from {root}"
 
 
 def schedule_what(algo: str, root: Optional[int] = None) -> str:
