@@ -81,6 +81,14 @@ def test_backend_timeout_raises_then_refuses():
     assert "torch timeout ok" in out
 
 
+@pytest.mark.parametrize("nprocs, local_size", [(2, None), (2, "1"), (4, "2")], ids=["1x2", "2x1", "2x2"])
+def test_ctrl_c_in_a_wait_interrupts_the_wait_not_the_call(nprocs, local_size):
+    """Ctrl-C in work.wait() of an async dist.all_reduce while a peer is late: KeyboardInterrupt, the call goes
+    on; waited for again it is right, and so are the next calls."""
+    env = {"HFR_LOCAL_SIZE": local_size} if local_size else None
+    assert "torch interrupt ok" in run_mpi(nprocs, "torch_faults_worker.py", "interrupt", env=env, timeout=90).stdout
+
+
 def test_backend_groups_independent_and_freed():
     """Groups {0,1} and {0,2}: a call on one never waits for the other's; 4 init/destroy cycles with
     groups destroyed leave threads and /dev/shm mappings as they were before the first."""

@@ -12,6 +12,10 @@ tests/test_torch.py.
                         rank 0's blocking call on B must not wait for its call on A (rank 1 joins A only after
                         it), the groups destroyed, then the whole; threads and /dev/shm mappings after
                         each cycle as before the first
+    torch_faults_worker.py interrupt    (2 ranks, or more) rank 1 joins late: Ctrl-C (SIGALRM's handler raising
+                        KeyboardInterrupt) ends rank 0's work.wait() of an async all_reduce while the call goes
+                        on; waited for again, it gives the right sums (its future settled once, by whichever
+                        thread came first), and the next calls are right
     torch_faults_worker.py torchrun     (1 rank, WORLD_SIZE=2 RANK=0 set as torchrun does) init refused at
                         once, naming MPI launchers
 
@@ -143,6 +147,36 @@ def check_timeout() -> None:
     dist.destroy_process_group()
 
 
+def check_interrupt() -> None:
+    """Ctrl-C in a wait for an unfinished call interrupts the wait, not the call (hfr/torch.py's _Call)."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    hfr.torch.init_process_group("hfr")
+    everyone = list(range(size))
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    for late in (1.0, 0.0, 1.0, 0.0):  # rank 1 late, then all at once: the call after the interrupted one
+        x = values(COUNT, rank)
+        if rank == 1:
+            time.sleep(late)
+        work = dist.all_reduce(x, async_op=True)
+        if rank == 0 and late:
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            expect(KeyboardInterrupt, "", work.wait, "work.wait() interrupted while rank 1 is late")
+            assert not work.is_completed() or work.is_success()
+        work.wait()
+        assert_right(x, everyone, f"work.wait() waited for again (rank 1 {late} s late)")
+        assert work.is_success() and work.exception() is None, work.exception()
+        assert_right(work.get_future().wait()[0], everyone, "the future's value")
+    signal.signal(signal.SIGALRM, previous)
+    x = values(COUNT, rank)
+    dist.all_reduce(x)
+    assert_right(x, everyone, "a blocking all_reduce after those")
+    dist.destroy_process_group()
+
+
 def usage() -> dict:
     """This process's threads and its mappings of /dev/shm files."""
     files, mapped = set(), 0
@@ -216,7 +250,8 @@ def main() -> None:
             torch.cuda.set_device(device)
         check_mismatch(device)
     else:
-        {"timeout": check_timeout, "lifecycle": check_lifecycle, "torchrun": check_torchrun}[mode]()
+        {"timeout": check_timeout, "interrupt": check_interrupt, "lifecycle": check_lifecycle,
+         "torchrun": check_torchrun}[mode]()
     world.Barrier()
     if rank == 0:
         print(f"torch {mode} ok")
