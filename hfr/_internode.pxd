@@ -22,6 +22,8 @@ ctypedef struct Call:  # what every step of one call's schedule shares
     uintptr_t comm
     uintptr_t byte  # MPI_BYTE
     int error  # the first failing MPI call's error code, NO_MEMORY, INTERRUPTED, or 0
+    Py_ssize_t* unheld  # byte ranges [unheld[2i], unheld[2i + 1]) of buf zeroed as polling starts, once
+    Py_ssize_t nunheld
 
 ctypedef bint (*advance_fn)(void* state, Call* c, bint* done) noexcept nogil  # True if anything moved
 

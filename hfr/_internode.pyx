@@ -50,13 +50,15 @@ serves every ABI mpi4py does, without MPI's headers at build time. Statuses are 
 """
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 cimport numpy as cnp
 from hfr._kernels cimport STORES_BY_SIZE, Kind, kernel_kind, op_code, reduce_nogil
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_nap, hfr_now, raise_pending, sched_yield, signal_raised
 
 import ctypes
+
+import numpy as np
 
 from mpi4py import MPI
 
@@ -247,6 +249,10 @@ cdef bint poll(advance_fn advance, void* state, Call* c, double deadline, double
     sleep_ns between polls, looking at pending signals every HFR_SIGNAL_CHECK_S."""
     cdef double last_progress = hfr_now(), last_signal_check = last_progress, now
     cdef bint done = False, moved
+    cdef Py_ssize_t i
+    for i in range(c.nunheld):
+        memset(c.buf + c.unheld[2 * i], 0, c.unheld[2 * i + 1] - c.unheld[2 * i])
+    c.nunheld = 0
     while True:
         moved = advance(state, c, &done)
         if c.error:
@@ -286,6 +292,18 @@ cdef class Schedule:
         self.call.comm = MPI._handleof(comm)
         self.call.byte = MPI._handleof(MPI.BYTE)
         self.call.error = 0
+        self.call.unheld, self.call.nunheld = NULL, 0
+
+    def zero_unheld(self, cnp.ndarray ranges not None) -> None:
+        """Zero buf's bytes [a, b) for each row (a, b) of ranges (int64) as polling starts: what this rank
+        does not hold of an allgather run as a sum of bytes (internode.allgather_schedule)."""
+        rows = <object>ranges
+        if rows.dtype != np.int64 or rows.ndim != 2 or rows.shape[1] != 2 or not rows.flags.c_contiguous:
+            raise ValueError(f"ranges must be C-contiguous int64 rows (a, b), got {rows.dtype} {rows.shape}")
+        if rows.size and (rows.min() < 0 or rows.max() > self.buffers[0].nbytes or (rows[:, 0] > rows[:, 1]).any()):
+            raise ValueError(f"ranges {rows.tolist()} are not ranges of buf's {self.buffers[0].nbytes} bytes")
+        self.buffers += (ranges,)
+        self.call.unheld, self.call.nunheld = <Py_ssize_t*>cnp.PyArray_DATA(ranges), rows.shape[0]
 
     def awaited(self) -> list:
         """The rail ranks the step under way waits on, where the schedule says (Doubling does)."""

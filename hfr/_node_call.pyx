@@ -18,7 +18,7 @@ Chunk c is chunk g = first_chunk + c of the Communicator and uses stage g % STAG
              its chunk is ended)
   reduce     per chunk: ARRIVED, then our slice of the inputs into the result slot (avg divided there);
              across nodes, the slice's allreduce (a reduce's reduce, a broadcast's broadcast from the root's
-             node) over the rail; then REDUCED (of a whole call, below, only once done reading the input
+             node, an allgather's allgather) over the rail; then REDUCED (of a whole call, below, only once done reading the input
              slots)
   copy out   per chunk, once every rank has REDUCED: our part of the result slot into out, then CONSUMED. A
              whole call (WHOLE_UP_TO_BYTES, one node; out on the host, or a CUDA array's staging) instead
@@ -41,7 +41,7 @@ With one rank a node, a host array's allreduce of several chunks makes each chun
 (in_out), where the rail works on it: two copies fewer a chunk, the same bits.
 Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx, one per chunk)
 and turns the outcome into the call's result or error. The engine's Python loop runs every other call (a
-CUDA array's of several chunks; across nodes allgather, and the algorithms whose steps are not a schedule
+CUDA array's of several chunks, and across nodes the calls by the algorithms whose steps are not a schedule
 in C: mpi and gather).
 """
 from libc.stdint cimport int64_t, uintptr_t
@@ -555,7 +555,7 @@ cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
                         and _reduce_slice(node, p, result + lo, own, slots, lo, hi,
                                           p.out_stores if p.in_out else p.slot_stores)):
                     return NO_MEMORY
-            if p.rails != NULL and hi > lo:  # a broadcast's: the root node's slice down the trees
+            if p.rails != NULL and hi > lo:
                 waited = _run_rail(node, &p.rails[c], RAIL_STOPPED)
                 if waited != WAITED:
                     return waited

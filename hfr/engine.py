@@ -32,8 +32,8 @@ CONSUMED) before raising, so the node's counters agree for the next call.
 On one node the chunk is a **cache chunk** (cache_chunk_bytes): its stages in flight stay in the
 last-level cache. Every rank cuts a call alike, whichever path runs it, since a call's descriptor says
 nothing of where its arrays are. The protocol runs in C (hfr/_node_call.pyx, which keeps the sequence
-numbers of every call) for the calls _run names: every host array's call on one node, across nodes those
-that reduce by an algorithm whose schedule C polls (one per chunk), and a CUDA array's of one chunk. This
+numbers of every call) for the calls _run names: every host array's call on one node, across nodes a host
+array's call by an algorithm whose schedule C polls (one per chunk), and a CUDA array's of one chunk. This
 Python loop runs the rest.
 The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock
 for the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's of one
@@ -331,11 +331,10 @@ class Engine:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
         x = call.x
         # In C (hfr/_node_call.pyx), with the Cython kernel: a host array's call on one node, of any size, and
-        # across nodes a broadcast or one that reduces (_STAGED) by an algorithm whose steps C polls; a CUDA
+        # across nodes a broadcast or another by an algorithm whose steps C polls; a CUDA
         # array's call of one chunk that reduces, staged whole in our input slot where it is reduced from
         # there, on one node or by such an algorithm.
-        rail_in_c = (self.layout.nnodes == 1 or call.collective == "broadcast"
-                     or call.collective in _STAGED and self._algo_for(call) in _RAIL_IN_C)
+        rail_in_c = self.layout.nnodes == 1 or call.collective == "broadcast" or self._algo_for(call) in _RAIL_IN_C
         in_c = self.front.in_c and not call.refused and rail_in_c and (  # a refused call's descriptor is the
             x.kind == "numpy" or 0 < call.nbytes <= self.chunk and call.collective in _STAGED)  # Python loop's
         if in_c and x.kind == "numpy":
@@ -445,13 +444,8 @@ class Engine:
                     internode.broadcast(self.rail_comm, result, first + lo, root_node, deadline=deadline)
             elif call.collective == "allgather":
                 if layout.nnodes > 1:
-                    # An allreduce of bytes across nodes: the slice's owner zeroes what its node's ranks
-                    # did not write, and the rails sum the bytes as uint8 (b + 0 is b, bit for bit). It
-                    # moves twice what an allgather needs between nodes.
-                    for a, b in _gaps(first + lo, first + hi, [r * x.size for r in layout.node_ranks], x.size):
-                        result[a - first - lo : b - first - lo] = 0
-                    internode.allreduce(self.rail_comm, result.view(np.uint8), (first + lo) * itemsize, Op.SUM,
-                                        algo=algo, deadline=deadline, threads=self.threads)
+                    internode.allgather(self.rail_comm, result, first + lo, [r * x.size for r in layout.node_ranks],
+                                        x.size, algo=algo, deadline=deadline, threads=self.threads)
             else:
                 inputs = [segment.slot(stage, j)[lo * itemsize : hi * itemsize].view(x.dtype)
                           for j in range(layout.local_size)]
@@ -538,8 +532,8 @@ class Engine:
 
     def _rails(self, call: Call, g: int) -> tuple:
         """(vote, rails, folded) of a call in C from chunk g on: across nodes the call check's vote and per
-        chunk the allreduce (a reduce's reduce, a broadcast's broadcast) of our slice of its result over the
-        rail (None where the slice is empty), or, folded, the vote carrying the slice and no rail; (None,
+        chunk the allreduce (a reduce's reduce, a broadcast's broadcast, an allgather's allgather) of our slice
+        of its result over the rail (None where the slice is empty), or, folded, the vote carrying the slice and no rail; (None,
         None, False) on one node. Kept per call shape (_kept), or made for the call."""
         if self.layout.nnodes == 1:
             return None, None, False
@@ -550,6 +544,12 @@ class Engine:
         if call.collective == "broadcast":
             def schedule(buf: np.ndarray, first: int) -> Any:
                 return internode.broadcast_schedule(self.rail_comm, buf, first, root)
+        elif call.collective == "allgather":  # this node's ranks' shards of out are what it holds
+            algo, starts = self._algo_for(call), [r * call.x.size for r in self.layout.node_ranks]
+
+            def schedule(buf: np.ndarray, first: int) -> Any:
+                return internode.allgather_schedule(self.rail_comm, buf, first, starts, call.x.size, algo,
+                                                    self.threads)
         else:
             algo, op = self._algo_for(call), Op.SUM if call.op is Op.AVG else call.op  # partial means are summed
 
@@ -624,8 +624,10 @@ class Engine:
                 raise self._timed_out(f"the call check ({error})", None, error.rail_peers) from None
         if outcome == Outcome.RAIL_STOPPED:
             root = self.layout.rank_nodes[call.root]
+            algo = self._algo_for(call)
             what = (internode.broadcast_what(root) if call.collective == "broadcast" else
-                    internode.schedule_what(self._algo_for(call), root if call.collective == "reduce" else None))
+                    internode.allgather_what(algo) if call.collective == "allgather" else
+                    internode.schedule_what(algo, root if call.collective == "reduce" else None))
             try:
                 internode.stopped(self.rail_comm, rails[self._node_call.failed_chunk], what)
             except HFRTimeoutError as error:
@@ -809,18 +811,6 @@ class Engine:
             who = f" (still waiting on the rail for nodes {list(rail_peers)}: ranks {absent} never came)"
         return HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "
                                f"waited {self.timeout:g} s for {what}{who}")
-
-
-def _gaps(lo: int, hi: int, starts: list[int], length: int) -> list[tuple[int, int]]:
-    """The parts of [lo, hi) outside every [start, start + length)."""
-    gaps = []
-    for start in sorted(starts):
-        if lo >= hi:
-            break
-        if start > lo:
-            gaps.append((lo, min(start, hi)))
-        lo = max(lo, start + length)
-    return gaps + [(lo, hi)] if lo < hi else gaps
 
 
 def _as_hfr_error(error: BaseException, call: Call, layout: Layout) -> HFRError:

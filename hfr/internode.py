@@ -1,4 +1,4 @@
-"""The inter-node step: allreduce, reduce and broadcast of one slice over a rail, in place.
+"""The inter-node step: allreduce, reduce, broadcast and allgather of one slice over a rail, in place.
 
 Terms. A *rail* is an MPI communicator with one rank per node (rail rank r = node r). The caller owns a
 *slice*: `buf`, a 1-D C-contiguous array holding the elements with *global index* first .. first+len-1
@@ -14,6 +14,8 @@ buf and forwards it to its children. Up to BLOCKS_IN_FLIGHT blocks per tree are 
 both trees move together, and later blocks go up while earlier ones come down. Every rank ends with the
 root's bits, which depend only on the number of nodes, the dtype, the op and the data.
 reduce runs the up phase only, broadcast the down phase only, both on the trees rooted at `root`.
+allgather is a sum of the slice's bytes by the algo, each rank's bytes that it does not hold zeroed first
+(b + 0 is b, bit for bit): it moves twice what an allgather needs.
 The blocks move in C with the GIL released (hfr/_internode.pyx), as do doubling's and halving's.
 
 doubling (chosen for small slices) is recursive doubling: log2 n swaps of the whole slice between rank
@@ -60,7 +62,8 @@ from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
 from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "VoteRecord", "schedule", "schedule_what",
-           "SCHEDULED_ALGOS", "broadcast_schedule", "broadcast_what", "stopped", "abandon",
+           "SCHEDULED_ALGOS", "broadcast_schedule", "broadcast_what", "allgather", "allgather_schedule",
+           "allgather_what", "stopped", "abandon",
            "keep_for_good", "choose_algo", "report_absent", "reported_absent", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
            "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
@@ -125,6 +128,21 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
         return
     _run_in_c(rail, broadcast_schedule(rail, buf, first, root, block_bytes=block_bytes), deadline,
               broadcast_what(root))
+
+
+def allgather(rail: MPI.Comm, buf: np.ndarray, first: int, starts: list[int], length: int, *, algo: str = "dbtree",
+              deadline: Optional[float] = None, threads: int = 1) -> None:
+    """buf on every rail rank = the elements each rail rank holds of it, in place: this rank holds
+    [start, start + length) of the global elements for each of starts (allgather_schedule)."""
+    _check(rail, buf, first, Op.SUM, algo, DEFAULT_BLOCK_BYTES)
+    if rail.Get_size() == 1 or buf.size == 0:
+        return
+    if algo in SCHEDULED_ALGOS:
+        return _run_in_c(rail, allgather_schedule(rail, buf, first, starts, length, algo, threads), deadline,
+                         allgather_what(algo))
+    for a, b in _gaps(first, first + buf.size, starts, length):
+        buf[a - first : b - first] = 0
+    allreduce(rail, buf.view(np.uint8), first * buf.itemsize, Op.SUM, algo=algo, deadline=deadline, threads=threads)
 
 
 DOUBLING_UP_TO_BYTES = 64 * 1024
@@ -383,6 +401,36 @@ def broadcast_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *
                        block_bytes: int = DEFAULT_BLOCK_BYTES) -> TreePipeline:
     """The schedule of one broadcast of the slice buf from rail rank root, down both trees rooted there."""
     return _trees(rail, buf, first, Op.SUM, _rooted_nodes(rail, root), block_bytes, 1, up=False, down=True)
+
+
+def allgather_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, starts: list[int], length: int, algo: str,
+                       threads: int) -> Schedule:
+    """The schedule of an allgather over the rail of the slice buf (its global first element `first`) where
+    this rank holds the elements [start, start + length) for each of starts, and another rail rank the
+    rest: run as a sum of buf's bytes by algo (one of SCHEDULED_ALGOS), the bytes this rank does not hold
+    zeroed as it starts (b + 0 is b, bit for bit). It moves twice what an allgather needs."""
+    itemsize = buf.itemsize
+    unheld = np.array([(a - first, b - first) for a, b in _gaps(first, first + buf.size, starts, length)],
+                      np.int64).reshape(-1, 2) * itemsize
+    allgather = schedule(rail, buf.view(np.uint8), first * itemsize, Op.SUM, algo, threads)
+    allgather.zero_unheld(unheld)
+    return allgather
+
+
+def _gaps(lo: int, hi: int, starts: list[int], length: int) -> list[tuple[int, int]]:
+    """The parts of [lo, hi) outside every [start, start + length)."""
+    gaps = []
+    for start in sorted(starts):
+        if lo >= hi:
+            break
+        if start > lo:
+            gaps.append((lo, min(start, hi)))
+        lo = max(lo, start + length)
+    return gaps + [(lo, hi)] if lo < hi else gaps
+
+
+def allgather_what(algo: str) -> str:
+    return f"allgather ({algo})"
 
 
 def broadcast_what(root: int) -> str:
