@@ -110,23 +110,34 @@ def cluster(request):
                          indirect=["cluster"],
                          ids=["2 hosts x 2 ranks, ring and doubling", "3 hosts x 1 rank, ring and doubling",
                               "2 hosts x 1 rank, MPI Iallreduce only"])
-def test_a_cut_link_gives_a_timeout_on_every_rank_not_a_hang(cluster, ranks_per_host, cut, loop, algo):
+def test_a_cut_link_gives_a_timeout_on_every_rank_not_a_hang(cluster, ranks_per_host, cut, loop, algo, tmp_path):
     hosts = len(cluster.hosts)
     ranks = hosts * ranks_per_host
     job = Job(cluster, ranks_per_host, [sys.executable, "-m", "mpi4py", str(WORKERS / "multihost_worker.py"),
                                         str(hosts), str(ranks_per_host), loop],
-              {"MULTIHOST_TIMEOUT": str(TIMEOUT_S), "HFR_CHUNK_BYTES": "256K", "HFR_ALGO": algo})
+              {"MULTIHOST_TIMEOUT": str(TIMEOUT_S), "HFR_CHUNK_BYTES": "256K", "HFR_ALGO": algo,
+               "MULTIHOST_DIR": str(tmp_path)})
+
+    def reports() -> str:
+        """What the ranks left in files (their errors, where a call stood near its deadline: a rank dumps
+        that up to a few seconds after the test gave up on it), with the time of the cut: should a line
+        of theirs not reach the output."""
+        time.sleep(GRACE_S)
+        files = sorted(p for p in tmp_path.iterdir() if p.stat().st_size)
+        return f"cut at {cut_wall:.3f}\n" + "".join(f"--- {p.name}\n{p.read_text()}" for p in files)
+
     try:
         started = job.wait_for("ready", ranks, time.monotonic() + 60)
         assert started, f"the ranks did not get ready across {hosts} hosts:\n{job.output}"
         # Each rank prints "ready" once its checked allreduces are done, then loops more of them.
         assert "sums correct" in job.output
         time.sleep(0.5)
-        cut_at = time.monotonic()
+        cut_at, cut_wall = time.monotonic(), time.time()
         cluster.cut(cut)
         errors = job.wait_for("Error after", ranks, cut_at + TIMEOUT_S + GRACE_S)
         took = time.monotonic() - cut_at
-        assert errors, f"not every rank got an error within {TIMEOUT_S + GRACE_S} s of the cut:\n{job.output}"
+        assert errors, (f"not every rank got an error within {TIMEOUT_S + GRACE_S} s of the cut:\n{job.output}\n"
+                        f"{reports()}")
         rc = job.finish(time.monotonic() + GRACE_S)
         assert rc == 0, f"the job exited {rc} (None: hung and killed):\n{job.output}"
     finally:

@@ -53,6 +53,10 @@ assert (y == size - 1).all(), y[:4]
 print(f"rank {rank} on {MPI.Get_processor_name()}: node {comm.node}/{comm.nnodes}, "
       f"local rank {comm.local_rank}/{comm.local_size}: sums correct; ready", flush=True)
 
+# Where this rank leaves its error and, should a call near its error's deadline, where every thread of it
+# stood (MULTIHOST_DIR): files the test reads, should a line of ours not reach the launcher's output.
+report_dir = os.environ.get("MULTIHOST_DIR")
+trace = open(os.path.join(report_dir, f"rank{rank}.trace"), "w") if report_dir else sys.stderr
 big = np.ones(1 << 20, np.float32)  # 4 MiB: ring (auto, <= 4 nodes), in chunks
 small = np.ones(1 << 10, np.int64)  # 8 KiB of integers: doubling
 calls, start = 0, time.monotonic()
@@ -63,15 +67,17 @@ while True:
                              "the link was not cut, or the cut went unnoticed")
     x = big if loop == "mixed" and calls % 2 == 0 else small
     x[...] = 1
-    # a call that nears its error's deadline prints where every thread of this rank is, for the test's log
-    faulthandler.dump_traceback_later(comm.timeout + GRACE_S - 1, exit=False)
+    faulthandler.dump_traceback_later(comm.timeout + GRACE_S - 1, exit=False, file=trace)
     try:
         comm.allreduce(x)
     except hfr.HFRError as error:
         faulthandler.cancel_dump_traceback_later()
         waited = time.monotonic() - last_done
-        print(f"rank {rank}: {type(error).__name__} after {waited:.1f} s ({calls} calls in the loop): {error}",
-              flush=True)
+        report = f"rank {rank}: {type(error).__name__} after {waited:.1f} s ({calls} calls in the loop): {error}"
+        if report_dir:
+            with open(os.path.join(report_dir, f"rank{rank}.error"), "w") as f:
+                f.write(f"{time.time():.3f} {report}\n")
+        print(report, flush=True)
         assert waited < comm.timeout + GRACE_S, f"rank {rank}: the error took {waited:.1f} s"
         break
     assert (x == size).all(), f"rank {rank}: a wrong sum before the cut: {x[:4]}"
