@@ -94,7 +94,7 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     char* out  # out's, likewise
     Py_ssize_t out_nbytes, out_at
     Py_ssize_t total, chunk, nchunks
-    Py_ssize_t itemsize, align  # align: elements; slices start on cache lines
+    Py_ssize_t itemsize
     Kind kind
     int code
     Py_ssize_t divisor  # avg: the ranks; else 1
@@ -135,10 +135,6 @@ cdef inline Py_ssize_t _edge(Py_ssize_t count, int parts, int j, Py_ssize_t alig
     return count if j >= parts else (j * count // parts) // align * align
 
 
-cpdef tuple slice_bounds(Py_ssize_t count, int parts, int part, Py_ssize_t align):
-    """Elements [lo, hi) of `count` that part `part` of `parts` owns; every bound but the last is a
-    multiple of align (the engine's slices of a chunk)."""
-    return _edge(count, parts, part, align), _edge(count, parts, part + 1, align)
 
 
 cdef void _rail_of(Schedule schedule, Rail* rail):
@@ -181,6 +177,17 @@ cdef class NodeCall:
     def descriptor_column(self) -> int:
         """Where the next call's descriptors go (the engine's Python loop reads them there)."""
         return _descriptor_column(self.calls_done)
+
+    def chunks(self, Py_ssize_t elements, Py_ssize_t itemsize) -> list:
+        """How a call that cuts `elements` of itemsize bytes is cut, in elements, as its chunk loop cuts it
+        here and in the engine's Python loop: per chunk (first, count, lo, hi), its first element and
+        count, and this rank's slice [lo, hi) of it."""
+        cdef Py_ssize_t total = elements * itemsize, c, first, count, lo, hi
+        cuts = []
+        for c in range((total + self.chunk - 1) // self.chunk):
+            _cut(&self.node, self.chunk, total, itemsize, c, &first, &count, &lo, &hi)
+            cuts.append((first // itemsize, count // itemsize, lo // itemsize, hi // itemsize))
+        return cuts
 
     def publish(self, Py_ssize_t column, int64_t value) -> None:
         """Our counter in column := value, seen by the others after every store of ours before it."""
@@ -250,7 +257,7 @@ cdef class NodeCall:
         p.whole = _whole(p.collective, vote is None, p.total)
         p.chunk = self.chunk  # the engine's: a staged call comes here of one chunk (the Python loop takes others)
         p.nchunks = (p.total + p.chunk - 1) // p.chunk
-        p.itemsize, p.align, p.kind, p.code = itemsize, max(SLICE_ALIGN_BYTES // itemsize, 1), kind, code
+        p.itemsize, p.kind, p.code = itemsize, kind, code
         p.divisor = self.size if avg else 1
         _stores(&p, self.node.local_size, self.cache_bytes)
         p.first_chunk, p.calls_done, p.column = self.chunks_done, self.calls_done, _descriptor_column(self.calls_done)
@@ -260,8 +267,12 @@ cdef class NodeCall:
         if (vote is None) != (rails is None) or rails is not None and len(rails) != p.nchunks:
             raise ValueError(f"across nodes a call takes the vote and a rail per chunk ({p.nchunks}): "
                              f"vote {vote!r}, rails {rails!r}")
+        if in_out and self.node.local_size != 1:
+            raise ValueError(f"a call whose result is made in out runs with one rank a node, not {self.node.local_size}")
         if rails is not None:
-            p.rails = <Rail*>malloc(len(rails) * sizeof(Rail))
+            if not all(rail is None or isinstance(rail, Schedule) for rail in rails):
+                raise TypeError(f"rails are schedules of hfr/_internode.pyx or None, got {rails!r}")
+            p.rails = <Rail*>malloc(max(len(rails), 1) * sizeof(Rail))
             if p.rails == NULL:
                 raise MemoryError()
             for c in range(len(rails)):
@@ -394,14 +405,22 @@ cdef inline char* _stage(Node* node, int64_t g) noexcept nogil:
     return node.stages + (g % STAGES) * node.stage_bytes
 
 
+cdef inline void _cut(Node* node, Py_ssize_t chunk, Py_ssize_t total, Py_ssize_t itemsize, Py_ssize_t c,
+                      Py_ssize_t* first, Py_ssize_t* count, Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
+    """Chunk c of a call of total bytes cut into chunks of `chunk`: its first byte and bytes, and this rank's
+    slice [lo, hi) of it, whose bounds but the last start cache lines (SLICE_ALIGN_BYTES)."""
+    cdef Py_ssize_t align = max(SLICE_ALIGN_BYTES // itemsize, 1)
+    first[0] = c * chunk
+    count[0] = min(chunk, total - first[0])
+    cdef Py_ssize_t elements = count[0] // itemsize
+    lo[0] = _edge(elements, node.local_size, node.local_rank, align) * itemsize
+    hi[0] = _edge(elements, node.local_size, node.local_rank + 1, align) * itemsize
+
+
 cdef inline void _bounds(Node* node, Plan* p, Py_ssize_t c, Py_ssize_t* first, Py_ssize_t* count, Py_ssize_t* lo,
                          Py_ssize_t* hi) noexcept nogil:
-    """Chunk c's first byte and bytes among the call's, and this rank's slice [lo, hi) of it."""
-    first[0] = c * p.chunk
-    count[0] = min(p.chunk, p.total - first[0])
-    cdef Py_ssize_t elements = count[0] // p.itemsize
-    lo[0] = _edge(elements, node.local_size, node.local_rank, p.align) * p.itemsize
-    hi[0] = _edge(elements, node.local_size, node.local_rank + 1, p.align) * p.itemsize
+    """The call's chunk c (_cut)."""
+    _cut(node, p.chunk, p.total, p.itemsize, c, first, count, lo, hi)
 
 
 cdef int _deposit(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:

@@ -55,7 +55,7 @@ from mpi4py import MPI
 
 from . import _kernels, _node_call, _wait, internode, kernels, topology
 from ._front import Front, rail_shape_key
-from ._node_call import Collective, Protocol, cache_chunk_bytes, slice_bounds
+from ._node_call import Collective, Protocol, cache_chunk_bytes
 from .arrays import Array, inspect
 from .copies import CudaCopies, HostCopies, caller_ready, finished
 from .errors import HFRError, HFRTimeoutError, MismatchError
@@ -77,7 +77,7 @@ STAGES = int(Protocol.STAGES)
 ANNOUNCED, ARRIVED, REDUCED, CONSUMED = (int(w) for w in (Protocol.ANNOUNCED, Protocol.ARRIVED, Protocol.REDUCED,
                                                              Protocol.CONSUMED))
 DESCRIPTOR, DESCRIPTOR_WORDS, CLOSING = int(Protocol.DESCRIPTOR), int(Protocol.DESCRIPTOR_WORDS), int(Protocol.CLOSING)
-SLICE_ALIGN_BYTES, WHOLE_UP_TO_BYTES = int(Protocol.SLICE_ALIGN_BYTES), int(Protocol.WHOLE_UP_TO_BYTES)
+WHOLE_UP_TO_BYTES = int(Protocol.WHOLE_UP_TO_BYTES)
 COLLECTIVES = tuple(c.name.lower() for c in Collective)  # in wire code order
 HEALTHY, BROKEN = 1, 2  # CLOSING's values
 DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")  # Protocol.DESCRIPTOR_FIELDS of them
@@ -321,7 +321,7 @@ class Engine:
         call = self.front_call(x, op, out)
         try:
             if isinstance(ended, BaseException):
-                internode.abandon(vote, *(rails or ()))
+                self._abandon(vote, rails)
                 raise ended
             self._c_call_failed(call, ended, g, vote, rails)  # raises
         except BaseException as failure:
@@ -357,11 +357,9 @@ class Engine:
         x, out, root = call.x, call.out, call.root
         copies.begin(call.ready, x.stream)
         itemsize = x.dtype.itemsize
-        chunk_elems = self.chunk // itemsize
-        total = call.elements
-        nchunks = -(-total // chunk_elems)
+        cuts = self._node_call.chunks(call.elements, itemsize)
+        nchunks = len(cuts)
         base = self._node_call.chunks_done
-        align = SLICE_ALIGN_BYTES // itemsize
         root_node = layout.rank_nodes[root]
         is_root = layout.rank == root
         # Who copies what where, for this collective.
@@ -386,15 +384,9 @@ class Engine:
         straight_to_out = self._result_in_out(call)
         copies_out = copies_out and not straight_to_out
 
-        def bounds(c: int) -> tuple[int, int, int, int]:
-            """Chunk c's first element and count, and this rank's slice [lo, hi) within it."""
-            first = c * chunk_elems
-            count = min(chunk_elems, total - first)
-            return (first, count, *slice_bounds(count, layout.local_size, layout.local_rank, align))
-
         def deposit(c: int) -> None:
             g = base + c
-            first, count, lo, hi = bounds(c)
+            first, count, lo, hi = cuts[c]
             start, nbytes = first * itemsize, count * itemsize
             if not into_result:
                 where = f"{call.collective} chunk {c + 1}/{nchunks}"
@@ -422,7 +414,7 @@ class Engine:
         for c in range(nchunks):
             g = base + c
             stage = g % STAGES
-            first, count, lo, hi = bounds(c)
+            first, count, lo, hi = cuts[c]
             where = f"{call.collective} chunk {c + 1}/{nchunks}"
             if deposits and into_result:
                 self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out")
@@ -511,10 +503,15 @@ class Engine:
                 -1 if code in _NO_OP else op_code(call.op), call.root, vote, rails, folded, self._result_in_out(call),
                 cuda=cuda, to_host=to_host, to_device=to_device, staging=staging)
         except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
-            internode.abandon(vote, *(rails or ()))
+            self._abandon(vote, rails)
             raise
         if outcome != _node_call.Outcome.DONE:
             self._c_call_failed(call, outcome, g, vote, rails)
+
+    def _abandon(self, vote, rails) -> None:
+        """After Ctrl-C in a call in C: the vote and the schedule of the chunk it stopped at may have receives
+        posted (those before it finished, those after never started)."""
+        internode.abandon(vote, rails[min(self._node_call.failed_chunk, len(rails) - 1)] if rails else None)
 
     def _result_in_out(self, call: Call) -> bool:
         """Whether each chunk's result is made in out itself, not in the result slot (in_out, as
@@ -556,12 +553,8 @@ class Engine:
             def schedule(buf: np.ndarray, first: int) -> Any:
                 return internode.schedule(self.rail_comm, buf, first, op, algo, self.threads,
                                           root=root if call.collective == "reduce" else None)
-        chunk = self.chunk // itemsize
         rails = []
-        for c in range(-(-call.elements // chunk)):
-            first = c * chunk
-            lo, hi = slice_bounds(min(chunk, call.elements - first), self.layout.local_size, self.layout.local_rank,
-                                  SLICE_ALIGN_BYTES // itemsize)
+        for c, (first, _, lo, hi) in enumerate(self._node_call.chunks(call.elements, itemsize)):
             if self._result_in_out(call):
                 buf = call.out.flat[first + lo : first + hi]
             else:
@@ -594,7 +587,7 @@ class Engine:
     def _rail_schedule(self, call: Call, stage: int) -> tuple:
         """(vote, [rail], folded) for _rail_schedules."""
         size = call.x.dtype.itemsize
-        lo, hi = slice_bounds(call.elements, self.layout.local_size, self.layout.local_rank, SLICE_ALIGN_BYTES // size)
+        (_, _, lo, hi), = self._node_call.chunks(call.elements, size)  # one chunk
         op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
         if self._folded(call):
             vote = internode.vote_schedule(self.rail_comm, self._vote_record, hi - lo, call.x.dtype, op, self.threads)
