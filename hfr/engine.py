@@ -529,38 +529,43 @@ class Engine:
 
     def _rails(self, call: Call, g: int) -> tuple:
         """(vote, rails, folded) of a call in C from chunk g on: across nodes the call check's vote and per
-        chunk the allreduce (a reduce's reduce, a broadcast's broadcast, an allgather's allgather) of our slice
-        of its result over the rail (None where the slice is empty), or, folded, the vote carrying the slice and no rail; (None,
-        None, False) on one node. Kept per call shape (_kept), or made for the call."""
+        chunk our slice's step over the rail (_rail_step; None where the slice is empty), or, folded, the vote
+        carrying the slice and no rail; (None, None, False) on one node. Kept per call shape (_kept), or
+        made for the call."""
         if self.layout.nnodes == 1:
             return None, None, False
         if self._kept(call):
             return self._rail_schedules(call, g % STAGES)
-        itemsize, root = call.x.dtype.itemsize, self.layout.rank_nodes[call.root]
         self._vote.rewind()
-        if call.collective == "broadcast":
-            def schedule(buf: np.ndarray, first: int) -> Any:
-                return internode.broadcast_schedule(self.rail_comm, buf, first, root)
-        elif call.collective == "allgather":  # this node's ranks' shards of out are what it holds
-            algo, starts = self._algo_for(call), [r * call.x.size for r in self.layout.node_ranks]
-
-            def schedule(buf: np.ndarray, first: int) -> Any:
-                return internode.allgather_schedule(self.rail_comm, buf, first, starts, call.x.size, algo,
-                                                    self.threads)
-        else:
-            algo, op = self._algo_for(call), Op.SUM if call.op is Op.AVG else call.op  # partial means are summed
-
-            def schedule(buf: np.ndarray, first: int) -> Any:
-                return internode.schedule(self.rail_comm, buf, first, op, algo, self.threads,
-                                          root=root if call.collective == "reduce" else None)
+        schedule, _ = self._rail_step(call)
+        itemsize, in_out = call.x.dtype.itemsize, self._result_in_out(call)
         rails = []
         for c, (first, _, lo, hi) in enumerate(self._node_call.chunks(call.elements, itemsize)):
-            if self._result_in_out(call):
+            if in_out:
                 buf = call.out.flat[first + lo : first + hi]
             else:
                 buf = self.segment.result((g + c) % STAGES)[lo * itemsize : hi * itemsize].view(call.x.dtype)
             rails.append(schedule(buf, first + lo) if hi > lo else None)
         return self._vote, rails, False
+
+    def _rail_step(self, call: Call) -> tuple[Callable[[np.ndarray, int], Any], str]:
+        """How a call across nodes crosses the rail in C: a maker of one slice's schedule, (buf, its global
+        first element) -> the allreduce (a reduce's reduce, a broadcast's broadcast, an allgather's
+        allgather), and what a timeout of it says it ran."""
+        root = self.layout.rank_nodes[call.root]
+        if call.collective == "broadcast":
+            return (lambda buf, first: internode.broadcast_schedule(self.rail_comm, buf, first, root),
+                    internode.broadcast_what(root))
+        algo = self._algo_for(call)
+        if call.collective == "allgather":  # this node's ranks' shards of out are what it holds
+            starts = [r * call.x.size for r in self.layout.node_ranks]
+            return (lambda buf, first: internode.allgather_schedule(self.rail_comm, buf, first, starts, call.x.size,
+                                                                    algo, self.threads),
+                    internode.allgather_what(algo))
+        op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
+        to = root if call.collective == "reduce" else None
+        return (lambda buf, first: internode.schedule(self.rail_comm, buf, first, op, algo, self.threads, root=to),
+                internode.schedule_what(algo, to))
 
     def _folded(self, call: Call) -> bool:
         """Whether the call's one chunk goes over the rail with the call check's vote (folded, the terms
@@ -616,13 +621,8 @@ class Engine:
             except HFRTimeoutError as error:
                 raise self._timed_out(f"the call check ({error})", None, error.rail_peers) from None
         if outcome == Outcome.RAIL_STOPPED:
-            root = self.layout.rank_nodes[call.root]
-            algo = self._algo_for(call)
-            what = (internode.broadcast_what(root) if call.collective == "broadcast" else
-                    internode.allgather_what(algo) if call.collective == "allgather" else
-                    internode.schedule_what(algo, root if call.collective == "reduce" else None))
             try:
-                internode.stopped(self.rail_comm, rails[self._node_call.failed_chunk], what)
+                internode.stopped(self.rail_comm, rails[self._node_call.failed_chunk], self._rail_step(call)[1])
             except HFRTimeoutError as error:
                 raise self._timed_out(f"the rail's step ({error})", None, error.rail_peers) from None
         if outcome == Outcome.MISMATCH:
