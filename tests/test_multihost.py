@@ -104,6 +104,29 @@ def cluster(request):
         assert not left, f"left behind: {left}"
 
 
+def _ranks_of(report_dir) -> list[int]:
+    """The pids of the job's ranks still running: those whose MULTIHOST_DIR is report_dir."""
+    mark = f"MULTIHOST_DIR={report_dir}\0".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and mark in open(f"/proc/{entry}/environ", "rb").read():
+                pids.append(int(entry))
+        except OSError:
+            pass
+    return pids
+
+
+def _state(pid: int) -> str:
+    """A process's state and that of its threads, and the kernel function each sleeps in."""
+    try:
+        threads = sorted(os.listdir(f"/proc/{pid}/task"))
+        return "; ".join(f"thread {t}: " + open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                         + " in " + open(f"/proc/{pid}/task/{t}/wchan").read() for t in threads)
+    except OSError as error:
+        return f"gone ({error})"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cluster,ranks_per_host,cut,loop,algo",
                          [(2, 2, 1, "mixed", "auto"), (3, 1, 1, "mixed", "auto"), (2, 1, 0, "small", "mpi")],
@@ -119,12 +142,17 @@ def test_a_cut_link_gives_a_timeout_on_every_rank_not_a_hang(cluster, ranks_per_
                "MULTIHOST_DIR": str(tmp_path)})
 
     def reports() -> str:
-        """What the ranks left in files (their errors, where a call stood near its deadline: a rank dumps
-        that up to a few seconds after the test gave up on it), with the time of the cut: should a line
-        of theirs not reach the output."""
+        """What the ranks left in files (their errors, their count of calls, where a call stood near its
+        deadline: a rank dumps that up to a few seconds after the test gave up on it), the state of those
+        still running, then where their threads stand now (SIGUSR1 dumps them), with the time of the cut:
+        should a line of theirs not reach the output."""
         time.sleep(GRACE_S)
+        states = "".join(f"--- pid {pid} {_state(pid)}\n" for pid in _ranks_of(tmp_path)) or "--- no rank runs\n"
+        for pid in _ranks_of(tmp_path):
+            os.kill(pid, signal.SIGUSR1)
+        time.sleep(1)
         files = sorted(p for p in tmp_path.iterdir() if p.stat().st_size)
-        return f"cut at {cut_wall:.3f}\n" + "".join(f"--- {p.name}\n{p.read_text()}" for p in files)
+        return f"cut at {cut_wall:.3f}\n{states}" + "".join(f"--- {p.name}\n{p.read_text()}" for p in files)
 
     try:
         started = job.wait_for("ready", ranks, time.monotonic() + 60)

@@ -9,12 +9,14 @@ argv: HOSTS RANKS_PER_HOST [LOOP]. Every rank
     "small" only the int64 ones;
  4. must get hfr.HFRError (HFRTimeoutError) within the communicator's timeout plus a few seconds of
     its last finished call, prints "rank R: <error type> after S s: <message>", checks that the
-    communicator then refuses calls, and leaves at once with os._exit(0) (no MPI_Finalize: the peers'
-    MPI state is unknown after the cut).
+    communicator then refuses calls, and leaves with os._exit(0) (no MPI_Finalize: the peers' MPI state
+    is unknown after the cut) once every rank has reported.
+Every rank writes what it reports, and how far it got, to files in MULTIHOST_DIR (the test's).
 A loop that runs past LOOP_LIMIT_S raises, which aborts the job.
 """
 import faulthandler
 import os
+import signal
 import sys
 import time
 
@@ -53,12 +55,16 @@ assert (y == size - 1).all(), y[:4]
 print(f"rank {rank} on {MPI.Get_processor_name()}: node {comm.node}/{comm.nnodes}, "
       f"local rank {comm.local_rank}/{comm.local_size}: sums correct; ready", flush=True)
 
-# Where this rank leaves its error and, should a call near its error's deadline, where every thread of it
-# stood (MULTIHOST_DIR): files the test reads, should a line of ours not reach the launcher's output.
-report_dir = os.environ.get("MULTIHOST_DIR")
-trace = open(os.path.join(report_dir, f"rank{rank}.trace"), "w") if report_dir else sys.stderr
-big = np.ones(1 << 20, np.float32)  # 4 MiB: ring (auto, <= 4 nodes), in chunks
-small = np.ones(1 << 10, np.int64)  # 8 KiB of integers: doubling
+# Where this rank leaves its error, its count of calls done and, should a call near its error's deadline, a
+# fatal signal come or the test send SIGUSR1, where every thread of it stood (MULTIHOST_DIR): files the test
+# reads, should a line of ours not reach the launcher's output.
+report_dir = os.environ["MULTIHOST_DIR"]
+trace = open(os.path.join(report_dir, f"rank{rank}.trace"), "w")
+progress = os.open(os.path.join(report_dir, f"rank{rank}.progress"), os.O_WRONLY | os.O_CREAT)
+faulthandler.enable(file=trace, all_threads=True)
+faulthandler.register(signal.SIGUSR1, file=trace, all_threads=True)
+big = np.empty(1 << 20, np.float32)  # 4 MiB: ring (auto, <= 4 nodes), in chunks
+small = np.empty(1 << 10, np.int64)  # 8 KiB of integers: doubling
 calls, start = 0, time.monotonic()
 last_done = start
 while True:
@@ -66,7 +72,7 @@ while True:
         raise AssertionError(f"rank {rank}: {calls} allreduces in {LOOP_LIMIT_S} s and no error: "
                              "the link was not cut, or the cut went unnoticed")
     x = big if loop == "mixed" and calls % 2 == 0 else small
-    x[...] = 1
+    x[...] = calls % 1000 + rank  # a result left from another call would not pass
     faulthandler.dump_traceback_later(comm.timeout + GRACE_S - 1, exit=False, file=trace)
     try:
         comm.allreduce(x)
@@ -74,15 +80,15 @@ while True:
         faulthandler.cancel_dump_traceback_later()
         waited = time.monotonic() - last_done
         report = f"rank {rank}: {type(error).__name__} after {waited:.1f} s ({calls} calls in the loop): {error}"
-        if report_dir:
-            with open(os.path.join(report_dir, f"rank{rank}.error"), "w") as f:
-                f.write(f"{time.time():.3f} {report}\n")
+        with open(os.path.join(report_dir, f"rank{rank}.error"), "w") as f:
+            f.write(f"{time.time():.3f} {report}\n")
         print(report, flush=True)
         assert waited < comm.timeout + GRACE_S, f"rank {rank}: the error took {waited:.1f} s"
         break
-    assert (x == size).all(), f"rank {rank}: a wrong sum before the cut: {x[:4]}"
+    assert (x == size * (calls % 1000) + size * (size - 1) // 2).all(), f"rank {rank}: a wrong sum: {x[:4]}"
     calls += 1
     last_done = time.monotonic()
+    os.pwrite(progress, f"{calls} calls in the loop, the last done at {time.time():.3f}\n".encode(), 0)
 
 try:
     comm.allreduce(small)
@@ -92,5 +98,11 @@ else:
     raise AssertionError(f"rank {rank}: a broken communicator took a call")
 comm.close()  # nothing collective after a failure
 print(f"rank {rank} done", flush=True)
+# Hydra kills a job's ranks once one of them leaves without MPI_Finalize, so leave only once every rank has
+# left its error (a rank whose wait began later may report a second after us), or by the latest a rank may.
+deadline = last_done + comm.timeout + GRACE_S
+while (time.monotonic() < deadline
+       and not all(os.path.exists(os.path.join(report_dir, f"rank{r}.error")) for r in range(size))):
+    time.sleep(0.05)
 time.sleep(0.2)  # let the proxy forward the lines above: hydra can drop what a rank prints as it exits
 os._exit(0)
