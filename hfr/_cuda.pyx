@@ -1,13 +1,14 @@
 # cython: language_level=3
 """Copies between a CUDA device and page-locked host memory, from C with the GIL released: the staging
-of a CUDA array's call of one chunk (hfr/_node_call.pyx), where CuPy's Python wrappers around the same
-two calls cost more than the copy of a small array.
+of a CUDA array's call (hfr/_node_call.pyx), where CuPy's Python wrappers around the same calls cost more
+than the copy of a small array.
 
 The CUDA driver's functions (libcuda.so.1, which CuPy and torch load too) are looked up when the engine
-first meets a CUDA array (bind), so hfr builds and imports without CUDA. A copy runs on a stream the
-caller names (a handle CuPy's and torch's streams give as .ptr: the driver's and the runtime's are one)
-and returns once that stream has run it, with the device's primary context current for the two calls
-(the context CuPy and torch use), whatever context the calling thread has.
+first meets a CUDA array (bind), so hfr builds and imports without CUDA. A call's copies run on the two
+streams it names (handles CuPy's and torch's streams give as .ptr: the driver's and the runtime's are
+one), queued without waiting (copy), each direction's followed by an event where the call needs to know
+that they ran (record, wait); the device's primary context (the one CuPy and torch use) is current from
+enter() to leave(), whatever context the calling thread had.
 """
 from libc.stdint cimport uintptr_t
 
@@ -22,6 +23,9 @@ ctypedef int (*push_fn)(void* context) noexcept nogil
 ctypedef int (*to_host_fn)(void* dst, uintptr_t src, size_t nbytes, uintptr_t stream) noexcept nogil
 ctypedef int (*to_device_fn)(uintptr_t dst, const void* src, size_t nbytes, uintptr_t stream) noexcept nogil
 ctypedef int (*synchronize_fn)(uintptr_t stream) noexcept nogil
+ctypedef int (*event_create_fn)(void** event, unsigned int flags) noexcept nogil
+ctypedef int (*event_record_fn)(void* event, uintptr_t stream) noexcept nogil
+ctypedef int (*event_fn)(void* event) noexcept nogil
 ctypedef int (*error_text_fn)(int error, const char** text) noexcept nogil
 
 cdef init_fn cu_init = NULL
@@ -33,6 +37,9 @@ cdef push_fn cu_push_current
 cdef to_host_fn cu_to_host
 cdef to_device_fn cu_to_device
 cdef synchronize_fn cu_synchronize
+cdef event_create_fn cu_event_create
+cdef event_record_fn cu_event_record
+cdef event_fn cu_event_synchronize, cu_event_destroy
 cdef error_text_fn cu_error_name, cu_error_string
 _driver = None  # libcuda.so.1, once bound
 
@@ -41,6 +48,7 @@ def bind() -> None:
     """Look the driver's functions up (once): OSError where libcuda.so.1 is missing."""
     global cu_init, cu_device_get, cu_primary_retain, cu_primary_release, cu_get_current, cu_pop_current
     global cu_push_current, cu_to_host, cu_to_device, cu_synchronize, cu_error_name, cu_error_string, _driver
+    global cu_event_create, cu_event_record, cu_event_synchronize, cu_event_destroy
     if cu_init != NULL:
         return
     _driver = lib = ctypes.CDLL("libcuda.so.1")
@@ -53,6 +61,10 @@ def bind() -> None:
     cu_to_host = <to_host_fn>_address(lib, "cuMemcpyDtoHAsync_v2")
     cu_to_device = <to_device_fn>_address(lib, "cuMemcpyHtoDAsync_v2")
     cu_synchronize = <synchronize_fn>_address(lib, "cuStreamSynchronize")
+    cu_event_create = <event_create_fn>_address(lib, "cuEventCreate")
+    cu_event_record = <event_record_fn>_address(lib, "cuEventRecord")
+    cu_event_synchronize = <event_fn>_address(lib, "cuEventSynchronize")
+    cu_event_destroy = <event_fn>_address(lib, "cuEventDestroy_v2")
     cu_error_name = <error_text_fn>_address(lib, "cuGetErrorName")
     cu_error_string = <error_text_fn>_address(lib, "cuGetErrorString")
     cu_init = <init_fn>_address(lib, "cuInit")
@@ -71,6 +83,60 @@ def error_text(int error) -> str:
     return f"{name.decode()}: {words.decode()}"
 
 
+cdef enum:
+    EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
+
+
+cdef int enter(Cuda* cuda) noexcept nogil:
+    """Make the device's primary context current for the copies that follow (made its events, the first
+    time). Returns the CUresult (0: entered); leave() after either way."""
+    cdef void* current = NULL
+    cdef int error = cu_get_current(&current), i
+    cuda.pushed = False
+    if not error and current != cuda.context:
+        error = cu_push_current(cuda.context)
+        cuda.pushed = not error
+    i = 0
+    while not error and i < CUDA_EVENTS:
+        if cuda.events[i] == NULL:
+            error = cu_event_create(&cuda.events[i], EVENT_DISABLE_TIMING)
+        i += 1
+    return error
+
+
+cdef void leave(Cuda* cuda) noexcept nogil:
+    """The calling thread's context back as it was before enter()."""
+    cdef void* popped = NULL
+    if cuda.pushed:
+        cu_pop_current(&popped)
+        cuda.pushed = False
+
+
+cdef int copy(Cuda* cuda, char* dst, const char* src, size_t nbytes, bint to_host) noexcept nogil:
+    """Queue a copy of nbytes from src to dst, device to host (to_host, on stream to_host) or host to device
+    (on stream to_device). Returns the CUresult of queueing it."""
+    if to_host:
+        return cu_to_host(dst, <uintptr_t>src, nbytes, cuda.to_host)
+    return cu_to_device(<uintptr_t>dst, src, nbytes, cuda.to_device)
+
+
+cdef int record(Cuda* cuda, int event, bint to_host) noexcept nogil:
+    """Record events[event] after what is queued so far on the stream of that direction."""
+    return cu_event_record(cuda.events[event], cuda.to_host if to_host else cuda.to_device)
+
+
+cdef int wait(Cuda* cuda, int event) noexcept nogil:
+    """Block until what events[event] was recorded after has run (its copies done, or failed)."""
+    return cu_event_synchronize(cuda.events[event])
+
+
+cdef int drain(Cuda* cuda) noexcept nogil:
+    """Block until every copy queued on both streams has run; the first CUresult that is not 0, if any."""
+    cdef int error = cu_synchronize(cuda.to_host)
+    cdef int later = cu_synchronize(cuda.to_device) if cuda.to_device != cuda.to_host else 0
+    return error or later
+
+
 cdef class Device:
     """One CUDA device (its ordinal, as CuPy and torch number them), its primary context retained until
     this object goes (the engine's CudaCopies holds it, with the page-locked staging, past close())."""
@@ -81,31 +147,18 @@ cdef class Device:
         if not error:
             error = cu_device_get(&device, ordinal)
         if not error:
-            error = cu_primary_retain(&self.context, device)
+            error = cu_primary_retain(&self.cuda.context, device)
         if error:
             raise RuntimeError(f"CUDA device {ordinal}: {error_text(error)}")
         self.device = device
 
     def __dealloc__(self):
-        if self.context != NULL:
-            cu_primary_release(self.device)
-
-    cdef int copy(self, char* dst, const char* src, size_t nbytes, bint to_host, uintptr_t stream) noexcept nogil:
-        """Copy nbytes from src to dst, device to host (to_host) or host to device, on stream, and wait
-        until the stream has run it (and the work queued on it before). Returns the CUresult (0: done)."""
-        cdef void* current = NULL
-        cdef int error = cu_get_current(&current)
-        cdef bint pushed = False
-        if not error and current != self.context:
-            error = cu_push_current(self.context)
-            pushed = not error
-        if not error:
-            if to_host:
-                error = cu_to_host(dst, <uintptr_t>src, nbytes, stream)
-            else:
-                error = cu_to_device(<uintptr_t>dst, src, nbytes, stream)
-        if not error:
-            error = cu_synchronize(stream)
-        if pushed:
-            cu_pop_current(&current)
-        return error
+        cdef int i
+        if self.cuda.context == NULL:
+            return
+        if self.cuda.events[0] != NULL and not enter(&self.cuda):  # enter() makes none: it made them all
+            for i in range(CUDA_EVENTS):
+                if self.cuda.events[i] != NULL:
+                    cu_event_destroy(self.cuda.events[i])
+        leave(&self.cuda)
+        cu_primary_release(self.device)

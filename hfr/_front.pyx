@@ -357,14 +357,11 @@ cdef class Front:
                     rail.rewind()
         fields[0], fields[1], fields[2], fields[3], fields[4] = ALLREDUCE, o.count, d, k, 0
         try:
-            if o.cuda:
-                outcome = self.node_call.call_staged(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],
-                                                     self.kernel_codes[k], k == AVG, self.cuda, o.stream, o.stream,
-                                                     self.staging, vote, rails, folded)
-            else:
-                outcome = self.node_call.call(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],
-                                              self.kernel_codes[k], k == AVG, True, vote, rails, False, folded,
-                                              False)
+            if o.cuda:  # on the caller's stream, both ways
+                self.cuda.cuda.to_host = self.cuda.cuda.to_device = o.stream
+            outcome = self.node_call.call(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],
+                                          self.kernel_codes[k], k == AVG, vote, rails, folded, False,
+                                          &self.cuda.cuda if o.cuda else NULL, self.staging)
         except BaseException as error:  # Ctrl-C in a wait
             raise self.engine.front_failed(x, op, out, error, g, vote, rails)
         if outcome != DONE:

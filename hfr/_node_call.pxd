@@ -2,7 +2,7 @@
 # through it).
 from libc.stdint cimport int64_t, uintptr_t
 
-from hfr._cuda cimport Device
+from hfr._cuda cimport Cuda
 from hfr._internode cimport Schedule
 from hfr._kernels cimport Kind
 
@@ -62,11 +62,8 @@ cdef class NodeCall:
     cdef public int64_t chunks_done  # chunks ended: the next call's first chunk g
     cdef public Py_ssize_t call_chunks  # the last call's chunks
     cdef public Py_ssize_t failed_chunk  # the chunk (of the last call) it was at if it did not end DONE
-    cdef public str cuda_failure  # what failed in a staged call's copy (CUDA_FAILED)
+    cdef public str cuda_failure  # what failed in a staged call's copies (CUDA_FAILED)
 
     cdef int call(self, long long* fields, char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize, Kind kind,
-                  int code, bint avg, bint copy_out, Schedule vote, list rails, bint staged,
-                  bint folded, bint in_out) except -1
-    cdef int call_staged(self, long long* fields, const char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize,
-                         Kind kind, int code, bint avg, Device cuda, uintptr_t to_host, uintptr_t to_device,
-                         char* staging, Schedule vote, list rails, bint folded) except -1
+                  int code, bint avg, Schedule vote, list rails, bint folded, bint in_out, Cuda* cuda,
+                  char* staging) except -1

@@ -4,7 +4,7 @@ from the first step to the last.
 
 A call's elements are cut into the engine's chunks (chunk; on one node cache chunks, which the engine sizes
 so that the stages in flight fit the node's share of the last-level cache: a chunk is copied in, reduced
-and copied out while it is still there); a staged call comes here in one chunk.
+and copied out while it is still there).
 Chunk c is chunk g = first_chunk + c of the Communicator and uses stage g % STAGES.
   announce   write the call's descriptor into our control row, then ANNOUNCED
   copy in    into our input slot, for each of the call's first STAGES chunks before the check and for chunk
@@ -32,22 +32,26 @@ agreeing on the call, take the reduce's first steps before the vote (ARRIVED, th
 and copy the slice into the result slot after it. If the vote finds that nodes differ, every rank of the
 node has arrived: each ends the chunk (REDUCED, CONSUMED) with no result, so the next call finds the
 node's counters agreeing (MISMATCH_SPENT: the engine counts the chunk as done).
-A CUDA array's call (allreduce, reduce, reduce_scatter: those that reduce) is *staged* around these
-steps (call_staged): x is copied whole into our input slot (after the announce, so that a peer waits for
-our data, not for our call) and out's part of the result back to the device, each copy finished before
-the next step (hfr/_cuda.pyx). A whole call stages its result in a small page-locked buffer of this
-rank's (its reduce reads the input slots as the host's does), the others from the result slot.
+A CUDA array's call is *staged* (hfr/_cuda.pyx): its copies are queued on two streams, one each way, and
+run while the node works on other chunks. Copy in queues x's part of the chunk (into our input slot, all
+of it: the reduce reads our own slice there too) and an event after it, which the rank waits for before
+ARRIVED.
+Copy out queues out's part of the result and an event after it; CONSUMED waits for that event: the rank
+publishes it as chunk c + STAGES begins (before that chunk's waits, which may need the others' CONSUMED
+of chunk c), and at the call's end, which thus waits for every copy. A whole call reduces out's part into staging, a page-locked buffer of this
+rank's, and copies it out from there. A call that stops waits for the copies it queued before it returns,
+so that none touches x or out after.
 With one rank a node, a host array's allreduce of several chunks makes each chunk's result in out itself
 (in_out), where the rail works on it: two copies fewer a chunk, the same bits.
 Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx, one per chunk)
-and turns the outcome into the call's result or error. The engine's Python loop runs every other call (a
-CUDA array's of several chunks, and across nodes the calls by the algorithms whose steps are not a schedule
-in C: mpi and gather).
+and turns the outcome into the call's result or error. The engine's Python loop runs every other call
+(across nodes, those by the algorithms whose steps are not a schedule in C: mpi and gather).
 """
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from hfr._cuda cimport Device
+from hfr._cuda cimport Cuda, Device, drain, enter, leave, record, wait
+from hfr._cuda cimport copy as cuda_copy
 
 from hfr._internode cimport INTERRUPTED as RAIL_INTERRUPTED
 from hfr._internode cimport VOTE_WORDS
@@ -75,6 +79,13 @@ cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
     WAITED = -2  # a wait that reached its target
 
+cdef enum CudaStep:  # where a staged call's CUDA failure came (Plan.cuda_step)
+    CUDA_CONTEXT = 1, CUDA_COPY_IN, CUDA_COPY_OUT
+
+cdef enum:
+    IN_EVENTS = 0  # a staged call's events (hfr/_cuda.pyx): after chunk g's copy in, IN_EVENTS + g % STAGES;
+    OUT_EVENTS = STAGES  # after its copy out, OUT_EVENTS + g % STAGES
+
 cdef struct Rail:  # a schedule of hfr/_internode.pyx over the rail, made in Python, polled here
     advance_fn advance  # NULL: no schedule
     void* state
@@ -87,7 +98,7 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     bint into_result  # x goes to the result slot (broadcast's root, allgather's shards), not our input slot
     bint deposits  # this rank copies x in
     bint copies_out  # this rank's out receives the result
-    bint whole, folded, staged, copy_out
+    bint whole, folded
     bint in_out  # the chunks' results lie in out itself, not in the result slot (an allreduce, one rank a node)
     char* x  # x's elements [x_at, x_at + x_nbytes) of the elements the chunks cut (total)
     Py_ssize_t x_nbytes, x_at
@@ -105,6 +116,11 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     bint arrived  # folded: the vote carried our slice, and chunk 0 has ARRIVED
     bint counted  # every rank has ANNOUNCED the call: it counts in calls_done, whatever happens next
     Rail* rails  # across nodes: per chunk, the allreduce (or reduce) of our slice over the rail; else NULL
+    Cuda* cuda  # staged (x and out on a CUDA device): its copies; else NULL
+    char* staging  # staged: this rank's page-locked buffer of WHOLE_UP_TO_BYTES, for a whole call's result
+    Py_ssize_t consumed  # staged: the chunks whose CONSUMED is published (their copies out ran)
+    int cuda_error  # staged: the CUresult that stopped the call (CUDA_FAILED), and at which step
+    CudaStep cuda_step
 
 
 cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
@@ -218,32 +234,30 @@ cdef class NodeCall:
         the slice's elements, none where it is empty) and rails is [None]. in_out (an allreduce of host
         arrays, one rank a node): each chunk's result is made in out itself, where its rail works, rather
         than in the result slot.
-        With cuda, x and out are on that device and the call is staged (call_staged): the copies run on
-        streams to_host and to_device, staging is this rank's page-locked buffer of WHOLE_UP_TO_BYTES."""
+        With cuda, x and out are on that device and the call is staged (the module's docstring): its copies
+        run on streams to_host and to_device, staging is this rank's page-locked buffer of WHOLE_UP_TO_BYTES."""
         cdef bint avg = op is Op.AVG
         cdef int code = op_code(Op.SUM if avg else op)
         cdef long long fields[DESCRIPTOR_FIELDS]
         fields[0], fields[1], fields[2], fields[3], fields[4] = collective, x_count, dtype_code, op_code_on_wire, root
-        if cuda is not None and staging == 0:
+        if cuda is None:
+            return self.call(fields, <char*>x, <char*>out, out_count, dtype.itemsize, kernel_kind(dtype, code), code,
+                             avg, vote, rails, folded, in_out, NULL, NULL)
+        if staging == 0:
             raise ValueError("a staged call needs the staging buffer")
-        if cuda is not None:
-            return self.call_staged(fields, <const char*>x, <char*>out, out_count, dtype.itemsize,
-                                    kernel_kind(dtype, code), code, avg, cuda, to_host, to_device, <char*>staging, vote,
-                                    rails, folded)
+        cuda.cuda.to_host, cuda.cuda.to_device = to_host, to_device
         return self.call(fields, <char*>x, <char*>out, out_count, dtype.itemsize, kernel_kind(dtype, code), code, avg,
-                         True, vote, rails, False, folded, in_out)
+                         vote, rails, folded, in_out, &cuda.cuda, <char*>staging)
 
     cdef int call(self, long long* fields, char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize, Kind kind,
-                  int code, bint avg, bint copy_out, Schedule vote, list rails, bint staged,
-                  bint folded, bint in_out) except -1:
+                  int code, bint avg, Schedule vote, list rails, bint folded, bint in_out, Cuda* cuda,
+                  char* staging) except -1:
         """run() for callers in C: the descriptor's fields (collective, x_count, dtype code, op code on the
-        wire, root), and the kernel's element kind and op code given. staged: x is our input slot of the
-        stage, where the caller copied it after it announced the call (call_staged); without copy_out the
-        call ends once the result is final, the caller copies it out and publishes CONSUMED. Counts the
-        call once its ANNOUNCED wait passed, and its chunks once ended (DONE, MISMATCH_SPENT)."""
+        wire, root), and the kernel's element kind and op code given; with cuda (its streams set), staged.
+        Counts the call once its ANNOUNCED wait passed, and its chunks once ended (DONE, MISMATCH_SPENT)."""
         cdef Plan p
         cdef Py_ssize_t x_count = fields[1], c
-        p.fields, p.collective, p.staged, p.copy_out, p.folded = fields, fields[0], staged, copy_out, folded
+        p.fields, p.collective, p.folded = fields, fields[0], folded
         p.into_result = p.collective == BROADCAST or p.collective == ALLGATHER
         p.deposits = p.collective != BROADCAST or self.rank == fields[4]
         p.in_out = in_out
@@ -255,10 +269,11 @@ cdef class NodeCall:
         p.x_at = self.rank * p.x_nbytes if p.collective == ALLGATHER else 0
         p.out_at = self.rank * p.out_nbytes if p.collective == REDUCE_SCATTER else 0
         p.whole = _whole(p.collective, vote is None, p.total)
-        p.chunk = self.chunk  # the engine's: a staged call comes here of one chunk (the Python loop takes others)
+        p.chunk = self.chunk
         p.nchunks = (p.total + p.chunk - 1) // p.chunk
         p.itemsize, p.kind, p.code = itemsize, kind, code
         p.divisor = self.size if avg else 1
+        p.cuda, p.staging, p.consumed, p.cuda_error = cuda, staging, 0, 0
         _stores(&p, self.node.local_size, self.cache_bytes)
         p.first_chunk, p.calls_done, p.column = self.chunks_done, self.calls_done, _descriptor_column(self.calls_done)
         p.at, p.arrived, p.counted, p.rails = 0, False, False, NULL
@@ -267,8 +282,9 @@ cdef class NodeCall:
         if (vote is None) != (rails is None) or rails is not None and len(rails) != p.nchunks:
             raise ValueError(f"across nodes a call takes the vote and a rail per chunk ({p.nchunks}): "
                              f"vote {vote!r}, rails {rails!r}")
-        if in_out and self.node.local_size != 1:
-            raise ValueError(f"a call whose result is made in out runs with one rank a node, not {self.node.local_size}")
+        if in_out and (self.node.local_size != 1 or cuda != NULL):
+            raise ValueError(f"a call whose result is made in out runs with one rank a node ({self.node.local_size}"
+                             f" here) on host arrays")
         if rails is not None:
             if not all(rail is None or isinstance(rail, Schedule) for rail in rails):
                 raise TypeError(f"rails are schedules of hfr/_internode.pyx or None, got {rails!r}")
@@ -279,9 +295,11 @@ cdef class NodeCall:
                 _rail_of(rails[c], &p.rails[c])
         cdef int outcome
         with nogil:
-            outcome = _run(&self.node, &p, &vote_rail)
+            outcome = _run_staged(&self.node, &p, &vote_rail) if cuda != NULL else _run(&self.node, &p, &vote_rail)
         free(p.rails)
         self.call_chunks, self.failed_chunk = p.nchunks, p.at
+        if outcome == CUDA_FAILED:
+            self.cuda_failure = (f"{_CUDA_STEPS[p.cuda_step]}: {error_text(p.cuda_error)}")
         if outcome == INTERRUPTED:
             return raise_pending()
         if p.counted:
@@ -292,44 +310,9 @@ cdef class NodeCall:
             self.chunks_done = p.first_chunk + 1
         return outcome
 
-    cdef int call_staged(self, long long* fields, const char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize,
-                         Kind kind, int code, bint avg, Device cuda, uintptr_t to_host, uintptr_t to_device,
-                         char* staging, Schedule vote, list rails, bint folded) except -1:
-        """call() of a CUDA array x (allreduce, reduce or reduce_scatter; x and out device addresses, of one
-        chunk), staged (the module's docstring): announce, x into our input slot on stream to_host, the call,
-        out's part of the result to out on stream to_device, CONSUMED. A whole call (_whole) reduces all of
-        out's part into staging, this rank's page-locked buffer of WHOLE_UP_TO_BYTES, without waiting for the
-        others' slices. CUDA_FAILED where a copy failed (cuda_failure says how), else call()'s outcome."""
-        cdef int64_t g = self.chunks_done
-        cdef char* stage = self.node.stages + (g % STAGES) * self.node.stage_bytes
-        cdef char* slot = stage + self.node.local_rank * self.node.slot_bytes
-        cdef Py_ssize_t x_nbytes = fields[1] * itemsize, out_nbytes = out_count * itemsize
-        cdef Py_ssize_t out_at = self.rank * out_nbytes if fields[0] == REDUCE_SCATTER else 0
-        cdef bint whole = _whole(fields[0], vote is None, x_nbytes)  # as call() decides
-        cdef bint copies_out = _copies_out(fields[0], self.rank == fields[4], False)  # no broadcast is staged
-        cdef int error
-        self.call_chunks, self.failed_chunk = 1, 0
-        _announce(&self.node, _descriptor_column(self.calls_done), fields, self.calls_done)
-        with nogil:
-            error = cuda.copy(slot, x, x_nbytes, True, to_host)
-        if error:
-            self.cuda_failure = f"copying x to the host: {error_text(error)}"
-            return CUDA_FAILED
-        cdef int outcome = self.call(fields, slot, staging if whole else NULL, out_count, itemsize, kind, code, avg,
-                                     whole, vote, rails, True, folded, False)  # copy_out, vote, rails, staged,
-        # folded, in_out
-        if outcome != DONE:
-            return outcome
-        if copies_out:
-            with nogil:
-                error = cuda.copy(out, staging if whole else stage + self.node.local_size * self.node.slot_bytes + out_at,
-                                  out_nbytes, False, to_device)
-            if error:
-                self.cuda_failure = f"copying the result to the device: {error_text(error)}"
-                return CUDA_FAILED
-        if not whole:
-            _publish(&self.node, CONSUMED, g + 1)
-        return DONE
+
+_CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current", CUDA_COPY_IN: "copying x to the host",
+               CUDA_COPY_OUT: "copying the result to the device"}
 
 
 cdef inline bint _whole(int collective, bint one_node, Py_ssize_t total) noexcept nogil:
@@ -374,11 +357,12 @@ cpdef Py_ssize_t cache_chunk_bytes(Py_ssize_t cache_bytes, int local_size, Py_ss
 cdef void _stores(Plan* p, int local_size, Py_ssize_t cache_bytes) noexcept nogil:
     """How the call's stores go (kernels' Stores): into the segment and into out alike, cached while the
     node's working set of what they write fits its budget (_budget), else streamed past it: the stages in
-    flight for the segment, and with them every rank's x and out for out. Where the cache is unknown (0),
-    by each store's size."""
+    flight for the segment, and with them every rank's x and out for out. By each store's size where the
+    cache is unknown (0), and for a staged call, whose result the device's copy engine reads, not a core:
+    there streaming from 1 MiB made CuPy's 186 MiB call 1.3-1.4x faster on the GPU host (bench/RESULTS.md)."""
     cdef Py_ssize_t stages = min(p.total, STAGES * p.chunk) * (local_size + 1)
     cdef Py_ssize_t arrays = local_size * (p.x_nbytes + (p.out_nbytes if p.out != p.x else 0))
-    if cache_bytes == 0:
+    if cache_bytes == 0 or p.cuda != NULL:
         p.slot_stores = p.out_stores = STORES_BY_SIZE
         return
     p.slot_stores = CACHED if stages <= _budget(cache_bytes) else STREAMED
@@ -436,24 +420,91 @@ cdef int _deposit(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
         if waited != WAITED:
             return waited
         a, b = max(first, p.x_at), min(first + count, p.x_at + p.x_nbytes)
-        if a < b and _copy(node, stage + node.local_size * node.slot_bytes + a - first, p.x + a - p.x_at, b - a,
-                           p.slot_stores):
-            return NO_MEMORY
-        return WAITED
+        waited = _copy_in(node, p, stage + node.local_size * node.slot_bytes + a - first, p.x + a - p.x_at, b - a)
+        return _copied_in(p, g) if waited == WAITED else waited
     waited = _wait_all(node, REDUCED, g - STAGES + 1, WAIT_INPUT_SLOT)
     if waited != WAITED:
         return waited
     dst = stage + node.local_rank * node.slot_bytes
-    if p.whole:
-        return NO_MEMORY if _copy(node, dst, p.x, p.total, p.slot_stores) else WAITED
-    if (_copy(node, dst, p.x + first, lo, p.slot_stores)
-            or _copy(node, dst + hi, p.x + first + hi, count - hi, p.slot_stores)):
-        return NO_MEMORY
+    if p.whole or p.cuda != NULL:  # all of the chunk (a whole call's: all of x)
+        waited = _copy_in(node, p, dst, p.x + first, count)
+    else:  # our own slice is read from x
+        waited = _copy_in(node, p, dst, p.x + first, lo)
+        if waited == WAITED:
+            waited = _copy_in(node, p, dst + hi, p.x + first + hi, count - hi)
+    return _copied_in(p, g) if waited == WAITED else waited
+
+
+cdef int _copy_in(Node* node, Plan* p, char* dst, char* src, Py_ssize_t nbytes) noexcept nogil:
+    """dst[:nbytes] = x's bytes at src, into the segment: copied, or staged, queued. WAITED or what stopped it."""
+    cdef int error
+    if nbytes <= 0:
+        return WAITED
+    if p.cuda == NULL:
+        return NO_MEMORY if _copy(node, dst, src, nbytes, p.slot_stores) else WAITED
+    error = cuda_copy(p.cuda, dst, src, nbytes, True)
+    return _cuda_failed(p, error, CUDA_COPY_IN) if error else WAITED
+
+
+cdef int _copied_in(Plan* p, int64_t g) noexcept nogil:
+    """Chunk g's copies in are queued: staged, the event after them (_arrive waits for it)."""
+    cdef int error = record(p.cuda, IN_EVENTS + g % STAGES, True) if p.cuda != NULL else 0
+    return _cuda_failed(p, error, CUDA_COPY_IN) if error else WAITED
+
+
+cdef int _copy_out(Node* node, Plan* p, int64_t g, char* src, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    """Out's part [a, b) of chunk g's result, at src, into out: copied, then CONSUMED; staged, queued, with the
+    event after it (_retire publishes CONSUMED once it ran). WAITED or what stopped it."""
+    cdef int error = 0
+    if p.cuda == NULL:
+        if a < b and _copy(node, p.out + a - p.out_at, src, b - a, p.out_stores):
+            return NO_MEMORY
+        _publish(node, CONSUMED, g + 1)
+        return WAITED
+    if a < b:
+        error = cuda_copy(p.cuda, p.out + a - p.out_at, src, b - a, False)
+    if not error:
+        error = record(p.cuda, OUT_EVENTS + g % STAGES, False)
+    return _cuda_failed(p, error, CUDA_COPY_OUT) if error else WAITED
+
+
+cdef int _retire(Node* node, Plan* p, int64_t until) noexcept nogil:
+    """Staged: CONSUMED up to `until` (chunk g's is g + 1) once our copies out of the call's chunks before it
+    have run (the others publish it as they copy out). Chunk g retires chunk g - STAGES as it begins,
+    before it waits for anyone: a rank that held it back while it waited for ARRIVED could wait for a
+    rank that waits for it. WAITED or CUDA_FAILED."""
+    cdef int64_t g = p.first_chunk + p.consumed
+    cdef int error
+    if p.cuda == NULL or g >= until:
+        return WAITED
+    while g < until:
+        error = wait(p.cuda, OUT_EVENTS + g % STAGES)
+        if error:
+            return _cuda_failed(p, error, CUDA_COPY_OUT)
+        g += 1
+    p.consumed = until - p.first_chunk
+    _publish(node, CONSUMED, until)
     return WAITED
 
 
-cdef int _arrive(Node* node, int64_t g) noexcept nogil:
-    """ARRIVED for chunk g, then wait for every rank's, and for the result slot's last chunk to be copied out."""
+cdef inline int _cuda_failed(Plan* p, int error, CudaStep step) noexcept nogil:
+    """CUDA_FAILED, the driver's error and the step noted for the engine's words."""
+    p.cuda_error, p.cuda_step = error, step
+    return CUDA_FAILED
+
+
+cdef inline char* _own(Node* node, Plan* p, int64_t g, Py_ssize_t first) noexcept nogil:
+    """Where this rank's input to chunk g's reduce lies (the chunk's first byte `first`): x itself, or, staged,
+    our input slot (x is on the device)."""
+    return _stage(node, g) + node.local_rank * node.slot_bytes if p.cuda != NULL else p.x + first
+
+
+cdef int _arrive(Node* node, Plan* p, int64_t g) noexcept nogil:
+    """ARRIVED for chunk g (staged, once our copies in ran), then wait for every rank's, and for the result
+    slot's last chunk to be copied out."""
+    cdef int error = wait(p.cuda, IN_EVENTS + g % STAGES) if p.cuda != NULL and p.deposits else 0
+    if error:
+        return _cuda_failed(p, error, CUDA_COPY_IN)
     _publish(node, ARRIVED, g + 1)
     cdef int waited = _wait_all(node, ARRIVED, g + 1, WAIT_ARRIVED)
     if waited == WAITED:
@@ -502,12 +553,12 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
     for i in range(DESCRIPTOR_FIELDS):
         votes[1 + i], votes[1 + DESCRIPTOR_FIELDS + i] = other[i], -other[i]
     if p.folded and not differs:  # the reduce's first steps, our slice into the vote's record
-        waited = _arrive(node, g)
+        waited = _arrive(node, p, g)
         if waited != WAITED:
             return waited
         p.arrived = True
         _bounds(node, p, 0, &first, &count, &lo, &hi)
-        if hi > lo and _reduce_slice(node, p, vote.call.buf, p.x, _stage(node, g), lo, hi, CACHED):
+        if hi > lo and _reduce_slice(node, p, vote.call.buf, _own(node, p, g, first), _stage(node, g), lo, hi, CACHED):
             return NO_MEMORY
     waited = _run_rail(node, vote, VOTE_STOPPED)
     if waited != WAITED:
@@ -528,6 +579,19 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
     return MISMATCH_SPENT
 
 
+cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
+    """_run of a staged call, the device's context current throughout, ended once every copy it queued ran:
+    at the end, CONSUMED once the last copies out ran; where it stopped, whatever the copies' fate."""
+    cdef int error = enter(p.cuda)
+    cdef int outcome = _cuda_failed(p, error, CUDA_CONTEXT) if error else _run(node, p, vote)
+    if outcome == DONE and _retire(node, p, p.first_chunk + p.nchunks) != WAITED:
+        outcome = CUDA_FAILED
+    if outcome != DONE and not error:
+        drain(p.cuda)
+    leave(p.cuda)
+    return outcome
+
+
 cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
     """The call: announce, the first copies in, check, then per chunk reduce and copy out (the module's
     docstring); DONE, or the outcome that stopped it at chunk p.at."""
@@ -535,12 +599,12 @@ cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
     cdef int64_t g
     cdef char* slots
     cdef char* result
+    cdef char* made
     cdef char* own
     cdef int waited
     cdef bint ahead = p.deposits and not p.into_result  # copies in run up to STAGES chunks ahead
 
-    if not p.staged:
-        _announce(node, p.column, p.fields, p.calls_done)
+    _announce(node, p.column, p.fields, p.calls_done)
     while ahead and p.at < min(STAGES, p.nchunks):
         waited = _deposit(node, p, p.at)
         if waited != WAITED:
@@ -553,6 +617,9 @@ cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
     for c in range(p.nchunks):
         p.at = c
         g = p.first_chunk + c
+        waited = _retire(node, p, g - STAGES + 1)
+        if waited != WAITED:
+            return waited
         slots = _stage(node, g)
         _bounds(node, p, c, &first, &count, &lo, &hi)
         result = p.out + first if p.in_out else slots + node.local_size * node.slot_bytes
@@ -565,10 +632,10 @@ cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
             if _copy(node, result + lo, vote.call.buf, hi - lo, p.slot_stores):
                 return NO_MEMORY
         else:
-            waited = _arrive(node, g)
+            waited = _arrive(node, p, g)
             if waited != WAITED:
                 return waited
-            own = p.x + first
+            own = _own(node, p, g, first)
             if not p.into_result and hi > lo:  # a whole call's too, for ranks in the engine's Python loop
                 if (not (p.in_out and own == result and p.divisor == 1)
                         and _reduce_slice(node, p, result + lo, own, slots, lo, hi,
@@ -583,21 +650,21 @@ cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
         if not p.copies_out:
             a = b
         if p.whole:  # from the input slots, then REDUCED: later copies in may overwrite them
-            if a < b and _reduce_slice(node, p, p.out + a - p.out_at, slots + node.local_rank * node.slot_bytes,
-                                       slots, a, b, p.out_stores):
+            made = (p.staging if p.cuda != NULL else p.out) + a - p.out_at  # out's part, made here
+            if a < b and _reduce_slice(node, p, made, slots + node.local_rank * node.slot_bytes, slots, a, b,
+                                       p.out_stores):
                 return NO_MEMORY
             _publish(node, REDUCED, g + 1)
+            waited = _copy_out(node, p, g, made, a, b)
         else:
             _publish(node, REDUCED, g + 1)
             waited = _wait_all(node, REDUCED, g + 1, WAIT_REDUCED)
             if waited != WAITED:
                 return waited
             hfr_fence()
-            if not p.copy_out:
-                return DONE
-            if a < b and _copy(node, p.out + a - p.out_at, result + a - first, b - a, p.out_stores):
-                return NO_MEMORY
-        _publish(node, CONSUMED, g + 1)
+            waited = _copy_out(node, p, g, result + a - first, a, b)
+        if waited != WAITED:
+            return waited
         if ahead and c + STAGES < p.nchunks:
             p.at = c + STAGES
             waited = _deposit(node, p, c + STAGES)

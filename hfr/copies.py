@@ -65,8 +65,8 @@ class HostCopies:
 class CudaCopies:
     """CuPy arrays on one device: asynchronous copies through a page-locked segment. Used with that
     device current (the engine makes it so), so that every event is made on the streams' device.
-    A call of one chunk is staged in C instead (hfr/_node_call.pyx): through `driver` (hfr/_cuda.pyx) on
-    the streams that streams() names, with `staging`, page-locked, for a small call's result."""
+    Calls are staged in C instead where they can be (hfr/_node_call.pyx): through `driver` (hfr/_cuda.pyx)
+    on the streams that streams() names, with `staging`, page-locked, for a small call's result."""
 
     def __init__(self, device: int, staging_bytes: int):
         import cupy
@@ -91,11 +91,11 @@ class CudaCopies:
         self.to_host.wait_event(ready)
         self.to_device.wait_event(ready)
 
-    def streams(self, ready: Optional[Any], caller: Any) -> tuple[int, int]:
+    def streams(self, ready: Optional[Any], caller: Any, several: bool) -> tuple[int, int]:
         """The streams (handles) that a call staged in C copies in and out on: the caller's stream for a
-        call run on its thread (ready None: in that stream's order, without an event), else ours after
-        begin(ready)."""
-        if ready is None:
+        call of one chunk run on its thread (ready None: in that stream's order, without an event), else
+        ours after begin(ready), so that a call of several chunks copies both ways at once."""
+        if ready is None and not several:
             return caller.ptr, caller.ptr
         self.begin(ready, caller)
         return self.to_host.ptr, self.to_device.ptr

@@ -33,7 +33,7 @@ On one node the chunk is a **cache chunk** (cache_chunk_bytes): its stages in fl
 last-level cache. Every rank cuts a call alike, whichever path runs it, since a call's descriptor says
 nothing of where its arrays are. The protocol runs in C (hfr/_node_call.pyx, which keeps the sequence
 numbers of every call) for the calls _run names: every host array's call on one node, across nodes a host
-array's call by an algorithm whose schedule C polls (one per chunk), and a CUDA array's of one chunk. This
+array's call by an algorithm whose schedule C polls (one per chunk), and a CUDA array's likewise. This
 Python loop runs the rest.
 The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock
 for the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's of one
@@ -86,7 +86,7 @@ ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits up to this lon
 SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are retired again
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
-_STAGED = ("allreduce", "reduce", "reduce_scatter")  # the CUDA calls that run in C: x whole in our input slot
+_REDUCING = ("allreduce", "reduce", "reduce_scatter")  # the collectives that reduce
 _RAIL_IN_C = internode.SCHEDULED_ALGOS  # the inter-node algorithms a call in C polls (their schedules)
 _REWOUND = ("doubling", "halving")  # calls of one chunk in C by these keep their schedules per call shape
 _RAIL_SHAPES_KEPT = 64  # ... for this many call shapes
@@ -331,12 +331,11 @@ class Engine:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
         x = call.x
         # In C (hfr/_node_call.pyx), with the Cython kernel: a host array's call on one node, of any size, and
-        # across nodes a broadcast or another by an algorithm whose steps C polls; a CUDA
-        # array's call of one chunk that reduces, staged whole in our input slot where it is reduced from
-        # there, on one node or by such an algorithm.
+        # across nodes a broadcast or another by an algorithm whose steps C polls; a CUDA array's call likewise,
+        # staged (its copies queued on streams, hfr/_node_call.pyx).
         rail_in_c = self.layout.nnodes == 1 or call.collective == "broadcast" or self._algo_for(call) in _RAIL_IN_C
         in_c = self.front.in_c and not call.refused and rail_in_c and (  # a refused call's descriptor is the
-            x.kind == "numpy" or 0 < call.nbytes <= self.chunk and call.collective in _STAGED)  # Python loop's
+            x.kind == "numpy" or call.nbytes > 0)  # Python loop's
         if in_c and x.kind == "numpy":
             self._run_in_c(call, None)
             return
@@ -486,16 +485,15 @@ class Engine:
 
     def _run_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
         """The steps of _run_chunks in C, with the GIL released throughout (across nodes with the rail's vote
-        and each chunk's rail schedule polled in C too). With copies (a CUDA array, one chunk) the call is
-        staged in C (hfr/_node_call.pyx): x copied whole into our input slot first and our part of the result
-        out after, on the caller's stream for a call run on its thread, else on ours after the caller's ready
-        event."""
+        and each chunk's rail schedule polled in C too). With copies (a CUDA array) the call is staged in C
+        (hfr/_node_call.pyx): x's chunks copied into our input slots and our part of the result out, on the
+        streams copies.streams names."""
         x, out, g = call.x, call.out, self._node_call.chunks_done
         code = _COLLECTIVE_CODES[call.collective]
         cuda, to_host, to_device, staging = None, 0, 0, 0
         if copies is not None:
             cuda, staging = copies.driver, copies.staging_address
-            to_host, to_device = copies.streams(call.ready, x.stream)
+            to_host, to_device = copies.streams(call.ready, x.stream, several=call.nbytes > self.chunk)
         vote, rails, folded = self._rails(call, g)
         try:
             outcome = self._node_call.run(
@@ -524,7 +522,7 @@ class Engine:
     def _kept(self, call: Call) -> bool:
         """Whether the call's rail schedules are kept per call shape and rewound (_rail_schedules): across
         nodes, one chunk by doubling or halving, where making them would cost more than the exchanges."""
-        return (self.layout.nnodes > 1 and call.collective in _STAGED and 0 < call.nbytes <= self.chunk
+        return (self.layout.nnodes > 1 and call.collective in _REDUCING and 0 < call.nbytes <= self.chunk
                 and self._algo_for(call) in _REWOUND)
 
     def _rails(self, call: Call, g: int) -> tuple:
@@ -571,7 +569,7 @@ class Engine:
         """Whether the call's one chunk goes over the rail with the call check's vote (folded, the terms
         above), in C or in the Python loop alike: the same answer on every rank that made this call (its
         size, the algo and the settings agreed when the Communicator was made)."""
-        return (self.layout.nnodes > 1 and call.collective in _STAGED
+        return (self.layout.nnodes > 1 and call.collective in _REDUCING
                 and 0 < call.nbytes <= min(_FOLDED_UP_TO_BYTES, self.chunk) and self._algo_for(call) == "doubling")
 
     def _rail_schedules(self, call: Call, stage: int) -> tuple:

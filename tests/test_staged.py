@@ -1,4 +1,4 @@
-"""CUDA arrays' calls in C (the front, NodeCall.call_staged, hfr/_cuda.pyx) on machines without a GPU: on a
+"""CUDA arrays' calls in C (the front, hfr/_node_call.pyx, hfr/_cuda.pyx) on machines without a GPU: on a
 fake CUDA driver and CuPy (tests/fake_cuda) whose device memory is host memory. tests/test_cupy.py runs the
 real thing on a GPU; this covers the same C paths, and CUDA failures, in CI."""
 import shutil
@@ -32,12 +32,14 @@ def test_cuda_calls_in_c_are_right(fake_cuda, nprocs, local_size):
 
 
 # On one node a call of 7 elements is whole (its result through the rank's staging), 3001 goes through the
-# result slot; across nodes both are folded (the slice rides on the vote): one size there.
-FAILURES = [(3, None, 7), (3, None, 3001), (2, 1, 7), (4, 2, 3001)]
+# result slot; across nodes both are folded (the slice rides on the vote): one size there. 300007 float32 is
+# five chunks of the worker's 256 KiB, more than the stages: copies queued ahead, then while others run.
+FAILURES = [(3, None, 7), (3, None, 3001), (3, None, 300007), (2, 1, 7), (4, 2, 3001), (4, 2, 300007)]
 
 
 @pytest.mark.parametrize("step", [1, 2], ids=["copy-in", "copy-out"])
-@pytest.mark.parametrize("nprocs,local_size,count", FAILURES, ids=["1x3-whole", "1x3-result-slot", "2x1", "2x2"])
+@pytest.mark.parametrize("nprocs,local_size,count", FAILURES,
+                         ids=["1x3-whole", "1x3-result-slot", "1x3-chunks", "2x1", "2x2", "2x2-chunks"])
 def test_a_failed_cuda_copy_breaks_the_communicator_and_a_new_one_works(fake_cuda, nprocs, local_size, count, step):
     env = {**fake_cuda, **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
     out = run_mpi(nprocs, "staged_worker.py", "fail", str(step), str(count), env=env, timeout=120).stdout

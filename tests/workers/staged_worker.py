@@ -1,11 +1,12 @@
-"""CUDA arrays' calls in C (hfr/_front.pyx, NodeCall.call_staged, hfr/_cuda.pyx) on machines without a GPU:
-run with tests/fake_cuda first on PYTHONPATH and its libcuda.so.1 on LD_LIBRARY_PATH (tests/test_staged.py),
-where device memory is host memory and the fake driver aborts a copy made without the device's primary
-context. Each result is checked element by element against the host path's bits.
+"""CUDA arrays' calls in C (hfr/_front.pyx, hfr/_node_call.pyx staging them through hfr/_cuda.pyx) on
+machines without a GPU: run with tests/fake_cuda first on PYTHONPATH and its libcuda.so.1 on LD_LIBRARY_PATH
+(tests/test_staged.py), where device memory is host memory, a copy runs only once its stream or an event
+after it is waited for, and the fake driver aborts a copy made without the device's primary context. Each
+result is checked element by element against the host path's bits.
 
-argv[1]: "calls" (every path a CUDA call takes, right), or "fail" with argv[2] 1 (rank 0's copy in fails)
-or 2 (its copy out), argv[3] the count: the failed call, the calls after it on the broken communicator,
-then a new communicator's calls, right.
+argv[1]: "calls" (every path a CUDA call takes, right), or "fail" with argv[2] 1 (rank 0's first copy in
+fails) or 2 (its first copy out), argv[3] the count: the failed call, the calls after it on the broken
+communicator, then a new communicator's calls, right.
 """
 import ctypes
 import os
@@ -16,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hfr
+from hfr.engine import STAGES
 from hfr.ops import Op
 
 assert cupy.__file__.startswith(os.path.dirname(os.path.dirname(__file__))), "not the fake CuPy"
@@ -34,16 +36,18 @@ def values(dtype, count):
     return rng.standard_normal(count).astype(dtype)
 
 
-def spy(comm):
-    """The calls that comm's engine runs in Python (every call the front does not run in C)."""
-    calls, run_held = [], comm._engine.run_held
-    comm._engine.run_held = lambda call: (calls.append(call), run_held(call))[1]
+def spy(comm, method):
+    """The calls that comm's engine hands to method: run_held (every call the front does not run in C), or
+    _run_chunks (the engine's Python loop)."""
+    calls, run = [], getattr(comm._engine, method)
+    setattr(comm._engine, method, lambda call, *rest: (calls.append(call), run(call, *rest))[1])
     return calls
 
 
 def check_calls(comm, counts, repeat):
-    """Allreduces of CuPy arrays through the front, against the host path; the last of each shape in C."""
-    python_calls = spy(comm)
+    """Allreduces of CuPy arrays, against the host path: the last of each shape of one chunk through the
+    front, every one in C."""
+    python_calls, python_loop = spy(comm, "run_held"), spy(comm, "_run_chunks")
     for count in counts:
         for dtype in (np.float32, np.float16, np.int32):
             for op in ("sum", "avg", "max"):
@@ -62,11 +66,13 @@ def check_calls(comm, counts, repeat):
                             (rank, count, dtype, op, placement)
                         if out is not None:
                             assert np.array_equal(cupy.asnumpy(x), host), "out of place changed x"
-                    assert len(python_calls) == before, (rank, count, dtype, op, placement, "took the Python path")
+                    several = count * np.dtype(dtype).itemsize > comm._engine.chunk
+                    assert several or len(python_calls) == before, (rank, count, dtype, op, placement, "not the front")
+    assert not python_loop, (rank, "took the Python loop", python_loop[0].describe(rank))
 
 
 def communicator(**kwargs):
-    comm = hfr.Communicator(world, chunk_bytes=1 << 20, **kwargs)
+    comm = hfr.Communicator(world, chunk_bytes=256 << 10, **kwargs)
     first = cupy.asarray(np.ones(3, np.float32))  # the engine meets a CUDA array: the front takes them after
     comm.allreduce(first)
     assert (cupy.asnumpy(first) == size).all()
@@ -76,11 +82,21 @@ def communicator(**kwargs):
 mode = sys.argv[1]
 if mode == "calls":
     comm = communicator()
-    # 1024 float32: the largest whole call (its result through the rank's staging); 100003: the result slot
-    check_calls(comm, (1, 7, 1024, 1025, 3001, 100003), 1 if comm.nnodes == 1 else 4)
-    # reduce_scatter and reduce in C through the engine; async calls (on the engine's streams); two chunks
-    # (the Python loop, with CuPy's runtime copies)
+    # 1024 float32: the largest whole call (its result through the rank's staging); 30001: the result slot;
+    # 300007: several chunks (float32 five, more than the stages), through the engine
+    check_calls(comm, (1, 7, 1024, 1025, 3001, 30001, 300007), 1 if comm.nnodes == 1 else 4)
+    # reduce_scatter, reduce, allgather and broadcast in C through the engine; async calls (on the engine's
+    # streams); several chunks
+    python_loop = spy(comm, "_run_chunks")
     for count in (1, 7, 257, 3001, 300007):
+        host = values(np.float32, count)
+        want = comm.allgather(host.copy(), np.empty(count * size, np.float32))
+        got = comm.allgather(cupy.asarray(host), cupy.asarray(np.full(count * size, 7, np.float32)))
+        assert np.array_equal(cupy.asnumpy(got), want), ("allgather", count)
+        host = values(np.float32, count)  # every rank's differs: the root's is broadcast
+        want = comm.broadcast(host.copy(), root=size - 1)
+        got = comm.broadcast(cupy.asarray(host), root=size - 1)
+        assert np.array_equal(cupy.asnumpy(got), want), ("broadcast", count)
         host = values(np.float32, count * size)
         want = comm.reduce_scatter(host.copy(), np.empty(count, np.float32))
         got = comm.reduce_scatter(cupy.asarray(host), cupy.asarray(np.full(count, 7, np.float32)))
@@ -92,11 +108,12 @@ if mode == "calls":
         want = comm.allreduce(host.copy())
         got = comm.allreduce_async(cupy.asarray(host)).wait(timeout=60)
         assert np.array_equal(cupy.asnumpy(got), want), ("async", count)
+    assert not python_loop, (rank, "took the Python loop", python_loop[0].describe(rank))
     # one rank in the Python loop beside ranks in C: the same bits
     mixed = communicator()
     if rank == 1:
         mixed._engine.front.in_c = False
-    for count in (7, 1024, 3001, 100003):
+    for count in (7, 1024, 3001, 30001, 300007):
         host = values(np.float32, count)
         want = mixed.allreduce(host.copy())
         got = mixed.allreduce(cupy.asarray(host))
@@ -123,8 +140,9 @@ elif mode == "fail":
     host = values(np.int32, count).astype(np.float32)  # small integers: every sum exact, in any order
     want = world.allreduce(host.copy())  # MPI's, for ranks whose call ends right
     x = cupy.asarray(host)
-    if rank == 0:
-        os.environ["FAKE_CUDA_FAIL_AT"] = str(driver.fake_copies() + step)
+    if rank == 0:  # a chunk's copy in is one copy, as is its copy out; the first STAGES chunks' copies in come first
+        chunks = len(comm._engine._node_call.chunks(count, 4))
+        os.environ["FAKE_CUDA_FAIL_AT"] = str(driver.fake_copies() + (1 if step == 1 else min(chunks, STAGES) + 1))
     try:
         got = comm.allreduce(x)
     except hfr.HFRTimeoutError:
