@@ -44,3 +44,10 @@ def test_a_failed_cuda_copy_breaks_the_communicator_and_a_new_one_works(fake_cud
     env = {**fake_cuda, **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
     out = run_mpi(nprocs, "staged_worker.py", "fail", str(step), str(count), env=env, timeout=120).stdout
     assert out.count(f"failed copy {step} ok") == nprocs, out
+
+
+@pytest.mark.parametrize("nprocs,local_size", [(2, None), (4, 2)])
+def test_a_signal_that_closes_the_communicator_cancels_a_staged_call(fake_cuda, nprocs, local_size):
+    env = {**fake_cuda, **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
+    out = run_mpi(nprocs, "staged_worker.py", "cancel", env=env, timeout=120).stdout
+    assert out.count("cancelled call ok") == nprocs, out

@@ -6,11 +6,15 @@ result is checked element by element against the host path's bits.
 
 argv[1]: "calls" (every path a CUDA call takes, right), or "fail" with argv[2] 1 (rank 0's first copy in
 fails) or 2 (its first copy out), argv[3] the count: the failed call, the calls after it on the broken
-communicator, then a new communicator's calls, right.
+communicator, then a new communicator's calls, right; or "cancel": a signal handler closes the
+communicator while rank 0's call of five chunks waits for peers that never come (its copies in queued):
+the call ends cancelled, x untouched, the context popped, then a new communicator's calls right.
 """
 import ctypes
 import os
+import signal
 import sys
+import time
 
 import cupy
 import numpy as np
@@ -134,6 +138,34 @@ if mode == "calls":
     comm.close()
     assert driver.fake_copies() > 0 and driver.fake_depth() == 0, (driver.fake_copies(), driver.fake_depth())
     print(f"rank {rank}: staged calls ok", flush=True)
+elif mode == "cancel":
+    comm = communicator(timeout=60)
+    if rank == 0:
+        def close_on_alarm(signum, frame):
+            comm.close()
+
+        signal.signal(signal.SIGALRM, close_on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        host = values(np.float32, 300007)  # five chunks: three copies in queued before the call check
+        x = cupy.asarray(host)
+        start = time.monotonic()
+        try:
+            comm.allreduce(x)
+        except hfr.HFRError as error:
+            assert "cancelled" in str(error), error
+        else:
+            raise AssertionError("rank 0's call ended though no peer came")
+        assert time.monotonic() - start < 3, time.monotonic() - start
+        assert np.array_equal(cupy.asnumpy(x), host), "a cancelled call changed x"
+        assert driver.fake_depth() == 0
+    else:
+        time.sleep(1.0)
+        comm.close()  # beside a peer that closed broken: no collective free
+    world.Barrier()
+    fresh = communicator()
+    check_calls(fresh, (7, 300007), 1 if fresh.nnodes == 1 else 4)
+    fresh.close()
+    print(f"rank {rank}: cancelled call ok", flush=True)
 elif mode == "fail":
     step, count = int(sys.argv[2]), int(sys.argv[3])
     comm = communicator(timeout=3)
