@@ -51,3 +51,10 @@ def test_a_signal_that_closes_the_communicator_cancels_a_staged_call(fake_cuda, 
     env = {**fake_cuda, **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
     out = run_mpi(nprocs, "staged_worker.py", "cancel", env=env, timeout=120).stdout
     assert out.count("cancelled call ok") == nprocs, out
+
+
+@pytest.mark.parametrize("nprocs,local_size", LAYOUTS)
+def test_a_mismatched_staged_call_raises_everywhere_and_the_next_is_right(fake_cuda, nprocs, local_size):
+    env = {**fake_cuda, **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
+    out = run_mpi(nprocs, "staged_worker.py", "mismatch", env=env, timeout=120).stdout
+    assert out.count("mismatch rounds ok") == nprocs, out

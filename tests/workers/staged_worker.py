@@ -8,7 +8,9 @@ argv[1]: "calls" (every path a CUDA call takes, right), or "fail" with argv[2] 1
 fails) or 2 (its first copy out), argv[3] the count: the failed call, the calls after it on the broken
 communicator, then a new communicator's calls, right; or "cancel": a signal handler closes the
 communicator while rank 0's call of five chunks waits for peers that never come (its copies in queued):
-the call ends cancelled, x untouched, the context popped, then a new communicator's calls right.
+the call ends cancelled, x untouched, the context popped, then a new communicator's calls right; or
+"mismatch": rounds of a call whose count differs on rank 0 (one chunk or several, whole, folded across
+nodes), MismatchError on every rank, each followed by a matched call right element by element.
 """
 import ctypes
 import os
@@ -138,6 +140,28 @@ if mode == "calls":
     comm.close()
     assert driver.fake_copies() > 0 and driver.fake_depth() == 0, (driver.fake_copies(), driver.fake_depth())
     print(f"rank {rank}: staged calls ok", flush=True)
+elif mode == "mismatch":
+    comm = communicator(timeout=30)
+    python_loop = spy(comm, "_run_chunks")
+    for round_ in range(12):
+        count = (7, 3001, 300007)[round_ % 3]
+        mine = count + (round_ % 2 + 1 if rank == 0 else 0)  # rank 0's count differs
+        host = values(np.float32, mine)
+        x = cupy.asarray(host)
+        try:
+            comm.allreduce(x)
+        except hfr.MismatchError:
+            pass
+        else:
+            raise AssertionError(f"rank {rank}: a call of {mine} elements beside others' {count} ran")
+        assert np.array_equal(cupy.asnumpy(x), host), "a mismatched call changed x"
+        host = values(np.float32, count)
+        want = comm.allreduce(host.copy())
+        got = comm.allreduce(cupy.asarray(host))
+        assert np.array_equal(cupy.asnumpy(got), want), (rank, round_, count, "the call after a mismatch")
+    assert not python_loop, (rank, "took the Python loop", python_loop[0].describe(rank))
+    comm.close()
+    print(f"rank {rank}: mismatch rounds ok", flush=True)
 elif mode == "cancel":
     comm = communicator(timeout=60)
     if rank == 0:
