@@ -1,6 +1,7 @@
 """The inter-node algorithms that run in C with the GIL released: dbtree's block pipeline
-(TreePipeline), recursive doubling, alone or after recursive halving (Doubling), and the ring over
-fixed granules (Ring). hfr/internode.py checks arguments and chooses; this moves the bytes.
+(TreePipeline), recursive doubling, alone or after recursive halving (Doubling), the ring over
+fixed granules (Ring), and MPI's own collectives, polled (Collective: mpi and gather).
+hfr/internode.py checks arguments and chooses; this moves the bytes.
 
 dbtree. Terms as in hfr/internode.py: a *slice* buf holds global elements first .., each tree carries the
 granules of its parity, cut into *blocks*; blocks go up a tree (children's blocks received into scratch
@@ -42,6 +43,11 @@ hfr/internode.py defines them; each step posts one message per granule of the se
 of the one it receives from the left, and a reduce-scatter step combines (ours op theirs) once all have
 arrived. Steps follow one another (the next step's segment is this step's result).
 
+mpi and gather (hfr/internode.py says what they give): one nonblocking collective of MPI's, posted on
+the first poll and tested after: MPI_Iallreduce in place, MPI_Ireduce (in place at the root), or, for
+gather, MPI_Iallgather of the slice's bytes into scratch, whose n rows are then combined into buf in rail
+rank order. A collective cannot be cancelled: one that does not finish is kept with its buffers for good.
+
 MPI is called through pointers to the functions of the MPI library that mpi4py loaded, with handles
 (communicator, datatype, request) as pointer-sized integers: MPICH's ABI has int handles, Open MPI's
 and the MPI standard ABI pointers; either is passed in one register or stack word, of which an int
@@ -64,7 +70,8 @@ from mpi4py import MPI
 
 cnp.import_array()
 
-__all__ = ["TreePipeline", "Doubling", "Ring", "ring_scratch_elements", "BLOCKS_IN_FLIGHT", "VOTE_RECORD_WORDS"]
+__all__ = ["TreePipeline", "Doubling", "Ring", "Collective", "CollectiveKind", "ring_scratch_elements",
+           "BLOCKS_IN_FLIGHT", "VOTE_RECORD_WORDS"]
 
 cdef enum:
     IN_FLIGHT = 4  # blocks per tree between two stages (with 1 MiB blocks 4 and 8 measured alike)
@@ -78,18 +85,27 @@ ctypedef int (*irecv_fn)(void* buf, int count, uintptr_t datatype, int source, i
                          Request* request) noexcept nogil
 ctypedef int (*test_fn)(Request* request, int* flag, uint64_t* status) noexcept nogil
 ctypedef int (*cancel_fn)(Request* request) noexcept nogil  # also MPI_Request_free's signature
+ctypedef int (*iallreduce_fn)(const void* sendbuf, void* recvbuf, int count, uintptr_t datatype, uintptr_t op,
+                              uintptr_t comm, Request* request) noexcept nogil
+ctypedef int (*ireduce_fn)(const void* sendbuf, void* recvbuf, int count, uintptr_t datatype, uintptr_t op, int root,
+                           uintptr_t comm, Request* request) noexcept nogil
+ctypedef int (*iallgather_fn)(const void* sendbuf, int sendcount, uintptr_t sendtype, void* recvbuf, int recvcount,
+                              uintptr_t recvtype, uintptr_t comm, Request* request) noexcept nogil
 
 cdef isend_fn mpi_isend
 cdef irecv_fn mpi_irecv
 cdef test_fn mpi_test
 cdef cancel_fn mpi_cancel
 cdef cancel_fn mpi_request_free
+cdef iallreduce_fn mpi_iallreduce
+cdef ireduce_fn mpi_ireduce
+cdef iallgather_fn mpi_iallgather
 
 
 def _bind_mpi() -> None:
     """Look MPI's functions up in the library mpi4py loaded (dlsym through mpi4py's extension searches
     its dependencies, libmpi among them)."""
-    global mpi_isend, mpi_irecv, mpi_test, mpi_cancel, mpi_request_free
+    global mpi_isend, mpi_irecv, mpi_test, mpi_cancel, mpi_request_free, mpi_iallreduce, mpi_ireduce, mpi_iallgather
     lib = ctypes.CDLL(MPI.__file__)
 
     cdef uintptr_t isend = ctypes.cast(lib.MPI_Isend, ctypes.c_void_p).value
@@ -99,6 +115,11 @@ def _bind_mpi() -> None:
     cdef uintptr_t request_free = ctypes.cast(lib.MPI_Request_free, ctypes.c_void_p).value
     mpi_isend, mpi_irecv, mpi_test, mpi_cancel = <isend_fn>isend, <irecv_fn>irecv, <test_fn>test, <cancel_fn>cancel
     mpi_request_free = <cancel_fn>request_free
+    cdef uintptr_t iallreduce = ctypes.cast(lib.MPI_Iallreduce, ctypes.c_void_p).value
+    cdef uintptr_t ireduce = ctypes.cast(lib.MPI_Ireduce, ctypes.c_void_p).value
+    cdef uintptr_t iallgather = ctypes.cast(lib.MPI_Iallgather, ctypes.c_void_p).value
+    mpi_iallreduce, mpi_ireduce = <iallreduce_fn>iallreduce, <ireduce_fn>ireduce
+    mpi_iallgather = <iallgather_fn>iallgather
 
 
 _bind_mpi()
@@ -803,3 +824,96 @@ cdef class Ring(Schedule):
         if r.posted:
             for i in range(r.nrecvs):
                 self._cancel(&r.requests[r.room + i])
+
+
+# ---- MPI's own collectives (mpi, gather) -----------------------------------------------------------------
+
+cpdef enum CollectiveKind:
+    MPI_ALLREDUCE, MPI_REDUCE, GATHER
+
+ctypedef struct CollectiveState:
+    CollectiveKind kind
+    int count  # of datatype's items (gather: the slice's bytes)
+    uintptr_t datatype, op, in_place  # handles, and MPI_IN_PLACE's address
+    int root, rank, n
+    Py_ssize_t elements  # buf's, which gather's rows combine into
+    char* gathered  # gather: n rows of the slice's bytes, in rail-rank order
+    void** rows
+    bint posted, finished
+    Request request
+
+
+cdef int _post_collective(CollectiveState* s, Call* c) noexcept nogil:
+    if s.kind == MPI_ALLREDUCE:
+        return mpi_iallreduce(<void*>s.in_place, c.buf, s.count, s.datatype, s.op, c.comm, &s.request)
+    if s.kind == MPI_REDUCE:
+        return mpi_ireduce(<void*>s.in_place if s.rank == s.root else c.buf, c.buf if s.rank == s.root else NULL,
+                           s.count, s.datatype, s.op, s.root, c.comm, &s.request)
+    return mpi_iallgather(c.buf, s.count, c.byte, s.gathered, s.count, c.byte, c.comm, &s.request)
+
+
+cdef bint _advance_collective(void* state, Call* c, bint* done) noexcept nogil:
+    cdef CollectiveState* s = <CollectiveState*>state
+    cdef bint moved = False
+    cdef int i
+    if not s.posted:
+        _failed(_post_collective(s, c), c)
+        if c.error:
+            return False
+        s.posted = moved = True
+    if not s.finished:
+        if not _tested(&s.request, c):
+            return moved
+        s.finished = moved = True
+        if s.kind == GATHER:  # the rows combined in rail-rank order: the same expression on every rank
+            for i in range(s.n):
+                s.rows[i] = s.gathered + i * <Py_ssize_t>s.count
+            if reduce_nogil(c.kind, c.itemsize, c.buf, s.rows, s.n, s.elements, c.code, c.threads, 1,
+                            STORES_BY_SIZE):
+                _failed(NO_MEMORY, c)
+                return False
+    done[0] = True
+    return moved
+
+
+cdef class Collective(Schedule):
+    """One of MPI's nonblocking collectives over the rail (the module notes): kind MPI_ALLREDUCE or
+    MPI_REDUCE of buf as `count` items of `datatype` by `mpi_op` (mpi4py objects; root for the reduce), or
+    GATHER, buf's bytes gathered into scratch (n x buf's bytes) and combined by op."""
+    cdef CollectiveState coll
+
+    def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, op, cnp.ndarray scratch not None, int threads,
+                  CollectiveKind kind, datatype=None, int count=0, mpi_op=None, int root=0):
+        cdef CollectiveState* s = &self.coll
+        self.advance, self.state = _advance_collective, s
+        s.kind, s.root, s.rank, s.n = kind, root, comm.Get_rank(), comm.Get_size()
+        s.elements, s.posted, s.finished, s.rows = buf.shape[0], False, False, NULL
+        s.in_place = <uintptr_t><Py_ssize_t>int(MPI.IN_PLACE)
+        if buf.nbytes > 2147483647:
+            raise ValueError(f"one collective moves at most 2 GiB - 1 bytes here, not {buf.nbytes}")
+        if kind == GATHER:
+            if scratch.nbytes < s.n * buf.nbytes:
+                raise ValueError(f"scratch holds {scratch.nbytes} bytes, gather needs {s.n * buf.nbytes}")
+            s.count, s.gathered = buf.nbytes, <char*>cnp.PyArray_DATA(scratch)
+            s.rows = <void**>malloc(s.n * sizeof(void*))
+            if s.rows == NULL:
+                raise MemoryError()
+            return
+        if datatype is None or mpi_op is None or not 0 <= root < s.n:
+            raise ValueError(f"MPI's allreduce or reduce needs a datatype, an op and a root in range, got "
+                             f"{datatype!r}, {mpi_op!r}, {root}")
+        self.buffers += (datatype, mpi_op)
+        s.count, s.datatype, s.op = count, MPI._handleof(datatype), MPI._handleof(mpi_op)
+
+    def __dealloc__(self):
+        free(self.coll.rows)
+
+    def waiting_for(self) -> list:
+        """The collective under way, in words."""
+        name = {MPI_ALLREDUCE: "Iallreduce", MPI_REDUCE: f"Ireduce to {self.coll.root}", GATHER: "Iallgather"}
+        if self.coll.posted and not self.coll.finished:
+            return [f"MPI's {name[self.coll.kind]} (some rail rank has not joined it)"]
+        return []
+
+    def abandon(self) -> None:
+        """Nothing to cancel: MPI cannot cancel a collective (the caller keeps this schedule for good)."""

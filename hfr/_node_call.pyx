@@ -44,8 +44,8 @@ so that none touches x or out after.
 With one rank a node, a host array's allreduce of several chunks makes each chunk's result in out itself
 (in_out), where the rail works on it: two copies fewer a chunk, the same bits.
 Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx, one per chunk)
-and turns the outcome into the call's result or error. The engine's Python loop runs every other call
-(across nodes, those by the algorithms whose steps are not a schedule in C: mpi and gather).
+and turns the outcome into the call's result or error. The engine's Python loop runs every other call (a
+refused one, and every call where the kernels are not the Cython ones).
 """
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc

@@ -32,9 +32,9 @@ CONSUMED) before raising, so the node's counters agree for the next call.
 On one node the chunk is a **cache chunk** (cache_chunk_bytes): its stages in flight stay in the
 last-level cache. Every rank cuts a call alike, whichever path runs it, since a call's descriptor says
 nothing of where its arrays are. The protocol runs in C (hfr/_node_call.pyx, which keeps the sequence
-numbers of every call) for the calls _run names: every host array's call on one node, across nodes a host
-array's call by an algorithm whose schedule C polls (one per chunk), and a CUDA array's likewise. This
-Python loop runs the rest.
+numbers of every call) for every call _run names: all but refused calls (and every call where the
+kernels are not the Cython ones), across nodes polling one schedule of hfr/_internode.pyx per chunk on the
+rail. This Python loop runs the rest.
 The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock
 for the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's of one
 chunk on this engine's device once _copies has met one) in C.
@@ -87,7 +87,6 @@ SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are ret
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
 _REDUCING = ("allreduce", "reduce", "reduce_scatter")  # the collectives that reduce
-_RAIL_IN_C = internode.SCHEDULED_ALGOS  # the inter-node algorithms a call in C polls (their schedules)
 _REWOUND = ("doubling", "halving")  # calls of one chunk in C by these keep their schedules per call shape
 _RAIL_SHAPES_KEPT = 64  # ... for this many call shapes
 _FOLDED_UP_TO_BYTES = internode.VOTE_ROOM_BYTES  # folded calls (the terms above): at most the vote record's room
@@ -330,12 +329,9 @@ class Engine:
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
         x = call.x
-        # In C (hfr/_node_call.pyx), with the Cython kernel: a host array's call on one node, of any size, and
-        # across nodes a broadcast or another by an algorithm whose steps C polls; a CUDA array's call likewise,
-        # staged (its copies queued on streams, hfr/_node_call.pyx).
-        rail_in_c = self.layout.nnodes == 1 or call.collective == "broadcast" or self._algo_for(call) in _RAIL_IN_C
-        in_c = self.front.in_c and not call.refused and rail_in_c and (  # a refused call's descriptor is the
-            x.kind == "numpy" or call.nbytes > 0)  # Python loop's
+        # In C (hfr/_node_call.pyx), with the Cython kernel: every call but a refused one (whose descriptor is
+        # the Python loop's), a CUDA array's staged (its copies queued on streams) where it has elements.
+        in_c = self.front.in_c and not call.refused and (x.kind == "numpy" or call.nbytes > 0)
         if in_c and x.kind == "numpy":
             self._run_in_c(call, None)
             return

@@ -40,29 +40,29 @@ computes the same sum in the same order, so its bits depend on the data alone to
 
 Messages are raw bytes (a uint8 view), matched in posting order (MPI does not let messages between two
 ranks with one tag overtake each other), one tag per (tree, phase) and per algo. No wait blocks inside
-MPI: requests are polled, yielding the CPU between polls, until done or past the caller's deadline.
+MPI: every algo is a schedule in C whose requests are polled, yielding the CPU between polls, until done
+or past the caller's deadline.
 """
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
-from typing import Iterator, NoReturn, Optional, Sequence
+from typing import NoReturn, Optional
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _wait
-from ._internode import BLOCKS_IN_FLIGHT, Doubling, Ring, Schedule, TreePipeline, ring_scratch_elements
+from ._internode import BLOCKS_IN_FLIGHT, Collective, CollectiveKind, Doubling, Ring, Schedule, TreePipeline
+from ._internode import ring_scratch_elements
 from ._internode import VOTE_RECORD_WORDS as VOTE_WORDS
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
 from .errors import HFRTimeoutError
-from .kernels import KERNEL_OPS, reduce_into, unchecked_reducer
+from .kernels import KERNEL_OPS, reduce_into
 from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "VoteRecord", "schedule", "schedule_what",
-           "SCHEDULED_ALGOS", "broadcast_schedule", "broadcast_what", "allgather", "allgather_schedule",
+           "broadcast_schedule", "broadcast_what", "allgather", "allgather_schedule",
            "allgather_what", "stopped", "abandon",
            "keep_for_good", "choose_algo", "report_absent", "reported_absent", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
@@ -96,12 +96,8 @@ def allreduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, *, algo: str 
     op = _check(rail, buf, first, op, algo, block_bytes)
     if rail.Get_size() == 1 or buf.size == 0:
         return
-    if algo in SCHEDULED_ALGOS:
-        return _run_in_c(rail, schedule(rail, buf, first, op, algo, threads, block_bytes=block_bytes), deadline,
-                         schedule_what(algo))
-    flow = _mpi_allreduce(rail, buf, op) if algo == "mpi" else _gather_allreduce(rail, buf, op, threads)
-    flows = [_Sequence(flow)]
-    _drive(rail, flows, deadline, f"allreduce ({algo})")
+    _run_in_c(rail, schedule(rail, buf, first, op, algo, threads, block_bytes=block_bytes), deadline,
+              schedule_what(algo))
 
 
 def reduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, root: int, *, algo: str = "dbtree",
@@ -112,12 +108,8 @@ def reduce(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, root: int, *, al
     op = _check(rail, buf, first, op, algo, block_bytes, root)
     if rail.Get_size() == 1 or buf.size == 0:
         return
-    if algo in SCHEDULED_ALGOS:
-        return _run_in_c(rail, schedule(rail, buf, first, op, algo, threads, root=root, block_bytes=block_bytes),
-                         deadline, schedule_what(algo, root))
-    flow = _mpi_reduce(rail, buf, op, root) if algo == "mpi" else _gather_allreduce(rail, buf, op, threads)
-    flows = [_Sequence(flow)]
-    _drive(rail, flows, deadline, f"reduce to {root} ({algo})")
+    _run_in_c(rail, schedule(rail, buf, first, op, algo, threads, root=root, block_bytes=block_bytes), deadline,
+              schedule_what(algo, root))
 
 
 def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
@@ -137,12 +129,8 @@ def allgather(rail: MPI.Comm, buf: np.ndarray, first: int, starts: list[int], le
     _check(rail, buf, first, Op.SUM, algo, DEFAULT_BLOCK_BYTES)
     if rail.Get_size() == 1 or buf.size == 0:
         return
-    if algo in SCHEDULED_ALGOS:
-        return _run_in_c(rail, allgather_schedule(rail, buf, first, starts, length, algo, threads), deadline,
-                         allgather_what(algo))
-    for a, b in _gaps(first, first + buf.size, starts, length):
-        buf[a - first : b - first] = 0
-    allreduce(rail, buf.view(np.uint8), first * buf.itemsize, Op.SUM, algo=algo, deadline=deadline, threads=threads)
+    _run_in_c(rail, allgather_schedule(rail, buf, first, starts, length, algo, threads), deadline,
+              allgather_what(algo))
 
 
 DOUBLING_UP_TO_BYTES = 64 * 1024
@@ -197,65 +185,6 @@ def _check(rail, buf, first, op, algo, block_bytes, root=None) -> Op:
     return op
 
 
-# ---------------------------------------------------------------------------------------- polling
-
-
-class _Sequence:
-    """A flow that is one wait after another: a generator yielding (requests, what they await)."""
-
-    def __init__(self, steps: Iterator[tuple[list[MPI.Request], str]]):
-        self.steps = steps
-        self.current = next(steps, None)
-
-    @property
-    def done(self) -> bool:
-        return self.current is None
-
-    def advance(self) -> bool:
-        progressed = False
-        while self.current is not None and MPI.Request.Testall(self.current[0]):
-            self.current = next(self.steps, None)
-            progressed = True
-        return progressed
-
-    def waiting_for(self) -> list[str]:
-        return [self.current[1]]
-
-    def abandon(self) -> None:
-        if self.current is not None:
-            _ABANDONED.extend(self.current[0])
-
-
-def _drive(rail: MPI.Comm, flows: Sequence, deadline: Optional[float], what: str) -> None:
-    """Advance the flows until all are done; HFRTimeoutError naming what is awaited once past deadline.
-    Flows that do not finish (the timeout, Ctrl-C, a cancelled call) are abandoned."""
-    last_progress = time.monotonic()
-    try:
-        while True:
-            progressed = False
-            for flow in flows:
-                progressed |= flow.advance()
-            if all(flow.done for flow in flows):
-                return
-            now = time.monotonic()
-            if progressed:
-                last_progress = now
-                continue
-            if deadline is not None and now > deadline:
-                waits = "; ".join(w for flow in flows if not flow.done for w in flow.waiting_for())
-                raise HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
-            if now - last_progress < YIELD_POLL_S:
-                os.sched_yield()
-            else:
-                _wait.check()  # a signal handler's exception, or close() from one, ends the call
-                time.sleep(POLL_SLEEP_S)
-    except BaseException:
-        for flow in flows:
-            flow.abandon()
-        _SCRATCH.__dict__.pop("buffers", None)  # abandoned receives may still write there
-        raise
-
-
 _SCRATCH = threading.local()  # per thread: {key: uint8 buffer}, reused so no call pays page faults
 
 
@@ -266,17 +195,6 @@ def _scratch(key: str, nbytes: int) -> np.ndarray:
     if buffer is None or buffer.size < nbytes:
         buffer = pool[key] = np.empty(nbytes, np.uint8)
     return buffer
-
-
-def _typed_scratch(key: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
-    """A scratch array of shape and dtype for `key`."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    return _scratch(key, nbytes)[:nbytes].view(dtype).reshape(shape)
-
-
-def _bytes(a: np.ndarray) -> list:
-    """A message spec for a's raw bytes (no MPI datatype needed for float16 or bfloat16)."""
-    return [a.view(np.uint8), MPI.BYTE]
 
 
 # ---------------------------------------------------------------------------------------- dbtree
@@ -372,16 +290,14 @@ def reported_absent(rail: MPI.Comm, peers: list[int], room: int, grace: float) -
 # ---------------------------------------------------------------------------------------- schedules
 
 
-SCHEDULED_ALGOS = ("dbtree", "ring", "doubling", "halving")  # those whose steps are a schedule in C
-
-
 def schedule(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, algo: str, threads: int, *,
              root: Optional[int] = None, block_bytes: int = DEFAULT_BLOCK_BYTES,
              scratch: Optional[np.ndarray] = None) -> Schedule:
     """The schedule (hfr/_internode.pyx) of one allreduce of the slice buf (its global first element
-    `first`) by algo, one of SCHEDULED_ALGOS; with root, of a reduce to rail rank root (dbtree: up the trees
-    rooted there; the others run their allreduce). To run with _run_in_c, or to poll in C between the
-    node's steps (hfr/_node_call.pyx). scratch: room for what the algo receives (default: this thread's)."""
+    `first`) by algo, one of ALGOS; with root, of a reduce to rail rank root (dbtree: up the trees rooted
+    there; mpi: MPI's Ireduce; the others run their allreduce). To run with _run_in_c, or to poll in C
+    between the node's steps (hfr/_node_call.pyx). scratch: room for what the algo receives (default:
+    this thread's)."""
     if algo == "dbtree":
         nodes = ([parent_children(rail.Get_rank(), rail.Get_size(), which) for which in TREES] if root is None
                  else _rooted_nodes(rail, root))
@@ -394,7 +310,15 @@ def schedule(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, algo: str, thr
     if algo in ("doubling", "halving"):
         return Doubling(rail, buf, op, _scratch("doubling", buf.nbytes) if scratch is None else scratch, threads,
                         _DOUBLING_TAG, algo == "halving")
-    raise ValueError(f"algo {algo!r} has no schedule: expected one of {list(SCHEDULED_ALGOS)}")
+    if algo == "gather":
+        gathered = _scratch("gather", rail.Get_size() * buf.nbytes) if scratch is None else scratch
+        return Collective(rail, buf, op, gathered, threads, CollectiveKind.GATHER)
+    if algo == "mpi":
+        datatype, count, mpi_op = _mpi_spec(buf, op)
+        kind = CollectiveKind.MPI_ALLREDUCE if root is None else CollectiveKind.MPI_REDUCE
+        return Collective(rail, buf, op, _scratch("mpi", 0), threads, kind, datatype, count, mpi_op,
+                          0 if root is None else root)
+    raise ValueError(f"unknown algo {algo!r}: expected one of {list(ALGOS)}")
 
 
 def broadcast_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
@@ -407,7 +331,7 @@ def allgather_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, starts: list
                        threads: int) -> Schedule:
     """The schedule of an allgather over the rail of the slice buf (its global first element `first`) where
     this rank holds the elements [start, start + length) for each of starts, and another rail rank the
-    rest: run as a sum of buf's bytes by algo (one of SCHEDULED_ALGOS), the bytes this rank does not hold
+    rest: run as a sum of buf's bytes by algo (one of ALGOS), the bytes this rank does not hold
     zeroed as it starts (b + 0 is b, bit for bit). It moves twice what an allgather needs."""
     itemsize = buf.itemsize
     unheld = np.array([(a - first, b - first) for a, b in _gaps(first, first + buf.size, starts, length)],
@@ -476,25 +400,15 @@ def vote(rail: MPI.Comm, schedule: Doubling, deadline: Optional[float]) -> None:
         _run_in_c(rail, schedule, deadline, VOTE_WHAT)
 
 
-# ---------------------------------------------------------------------------------------- gather
-
-
-def _gather_allreduce(rail, buf, op, threads) -> Iterator[tuple[list[MPI.Request], str]]:
-    """Gather every rank's slice, then combine them in rail-rank order, the same on every rank."""
-    gathered = _typed_scratch("gather", (rail.Get_size(), buf.size), buf.dtype)
-    yield [rail.Iallgather(_bytes(buf), _bytes(gathered))], "MPI's Iallgather (some rail rank has not joined it)"
-    unchecked_reducer()(buf, list(gathered), op, threads)
-
-
 # ---------------------------------------------------------------------------------------- mpi
 
 
-def _mpi_spec(buf: np.ndarray, op: Op) -> tuple:
-    """The message spec and MPI op for buf: MPI's own types and ops, or hfr's kernel as a user-defined op
+def _mpi_spec(buf: np.ndarray, op: Op) -> tuple[MPI.Datatype, int, MPI.Op]:
+    """buf as MPI's datatype, count and op: MPI's own types and ops, or hfr's kernel as a user-defined op
     on raw unsigned words for the half types (no MPI type) and for 8-bit sums and products (Open MPI 4.1.6
     saturates them: 3 x int8 100 summed to 127, not NumPy's wrapped 44)."""
     if buf.itemsize > 2 or (buf.itemsize == 1 and op in (Op.MAX, Op.MIN)):
-        return buf, _MPI_OPS[op]
+        return MPI.Datatype.fromcode(buf.dtype.char), buf.size, _MPI_OPS[op]
     key = (buf.dtype, op)
     if key not in _OWN_MPI_OPS:
         dtype = buf.dtype
@@ -504,19 +418,4 @@ def _mpi_spec(buf: np.ndarray, op: Op) -> tuple:
             reduce_into(acc, [acc, np.frombuffer(inbuf, dtype)], op, threads=1)
 
         _OWN_MPI_OPS[key] = MPI.Op.Create(combine, commute=True)
-    words = (np.uint8, MPI.UINT8_T) if buf.itemsize == 1 else (np.uint16, MPI.UINT16_T)
-    return [buf.view(words[0]), words[1]], _OWN_MPI_OPS[key]
-
-
-def _mpi_allreduce(rail, buf, op) -> Iterator[tuple[list[MPI.Request], str]]:
-    spec, mpi_op = _mpi_spec(buf, op)
-    yield [rail.Iallreduce(MPI.IN_PLACE, spec, mpi_op)], "MPI's Iallreduce (some rail rank has not joined it)"
-
-
-def _mpi_reduce(rail, buf, op, root) -> Iterator[tuple[list[MPI.Request], str]]:
-    spec, mpi_op = _mpi_spec(buf, op)
-    if rail.Get_rank() == root:
-        req = rail.Ireduce(MPI.IN_PLACE, spec, mpi_op, root)
-    else:
-        req = rail.Ireduce(spec, None, mpi_op, root)
-    yield [req], f"MPI's Ireduce to {root} (some rail rank has not joined it)"
+    return MPI.UINT8_T if buf.itemsize == 1 else MPI.UINT16_T, buf.size, _OWN_MPI_OPS[key]
