@@ -189,7 +189,7 @@ def test_making_closing_and_foreign_failures(scenario, nprocs, local_size, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"rank{r}.ok" for r in range(ranks)], result.stdout
 
 
-@pytest.mark.parametrize("local_size,rounds", [(None, 500), (1, 50)], ids=["1node-500", "2nodes-50"])
+@pytest.mark.parametrize("local_size,rounds", [(None, 250), (1, 50)], ids=["1node-250", "2nodes-50"])
 def test_close_racing_a_call_returns_within_the_timeout(local_size, rounds, tmp_path):
     """close() on one thread, a call on another, Python switching threads every microsecond: a call
     queued as the progress thread stopped used to be left unfinished, and close() waited for it forever."""
