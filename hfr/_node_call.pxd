@@ -22,6 +22,7 @@ cpdef enum Protocol:
     SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
     WHOLE_UP_TO_BYTES = 4096  # a call on one node of at most this many bytes: x whole in every input slot
     # (reducing 4 KiB per rank costs less than a hand-off)
+    REFUSED = -1  # the count of a refused call's descriptor (its other fields -1 but the collective)
 
 
 cpdef enum Collective:  # wire codes: append only

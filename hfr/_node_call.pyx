@@ -44,8 +44,8 @@ so that none touches x or out after.
 With one rank a node, a host array's allreduce of several chunks makes each chunk's result in out itself
 (in_out), where the rail works on it: two copies fewer a chunk, the same bits.
 Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx, one per chunk)
-and turns the outcome into the call's result or error. The engine's Python loop runs every other call (a
-refused one, and every call where the kernels are not the Cython ones).
+and turns the outcome into the call's result or error. The engine's Python loop runs the calls where the
+kernels are not the Cython ones.
 """
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
@@ -220,14 +220,14 @@ cdef class NodeCall:
             fields[i] = descriptor[i]
         _announce(&self.node, _descriptor_column(self.calls_done), fields, self.calls_done)
 
-    def run(self, int collective, size_t x, Py_ssize_t x_count, size_t out, Py_ssize_t out_count, object dtype,
-            int dtype_code, object op, int op_code_on_wire, int root, Schedule vote=None, list rails=None,
-            bint folded=False, bint in_out=False, *, Device cuda=None, uintptr_t to_host=0, uintptr_t to_device=0,
-            size_t staging=0) -> int:
+    def run(self, list descriptor, size_t x, size_t out, Py_ssize_t out_count, object dtype, object op,
+            Schedule vote=None, list rails=None, bint folded=False, bint in_out=False, *, Device cuda=None,
+            uintptr_t to_host=0, uintptr_t to_device=0, size_t staging=0) -> int:
         """Run the call from chunk chunks_done on; returns its outcome (and, where it failed, the chunk it
-        was at: failed_chunk). x and out are host addresses of x_count and out_count elements of dtype; op
-        is an hfr.Op, avg dividing the sum by the ranks. Its descriptor is (collective, x_count, dtype_code,
-        op_code_on_wire, root).
+        was at: failed_chunk). descriptor: its DESCRIPTOR_FIELDS (collective, x's count, dtype code, op
+        code on the wire, root), or a refused call's (count REFUSED: it takes part in the call check and
+        moves nothing). x and out are host addresses of x's count and out_count elements of dtype; op is an
+        hfr.Op, avg dividing the sum by the ranks.
         Across nodes, vote is the call check's doubling of vote records, whose votes this fills, and
         rails[c] chunk c's allreduce (or reduce) of our slice of its result over the rail (None where the
         slice is empty), one per chunk; folded (one chunk): the vote's record carries our slice (its data:
@@ -239,7 +239,11 @@ cdef class NodeCall:
         cdef bint avg = op is Op.AVG
         cdef int code = op_code(Op.SUM if avg else op)
         cdef long long fields[DESCRIPTOR_FIELDS]
-        fields[0], fields[1], fields[2], fields[3], fields[4] = collective, x_count, dtype_code, op_code_on_wire, root
+        cdef Py_ssize_t i
+        if len(descriptor) != DESCRIPTOR_FIELDS:
+            raise ValueError(f"a descriptor has {DESCRIPTOR_FIELDS} fields, got {descriptor!r}")
+        for i in range(DESCRIPTOR_FIELDS):
+            fields[i] = descriptor[i]
         if cuda is None:
             return self.call(fields, <char*>x, <char*>out, out_count, dtype.itemsize, kernel_kind(dtype, code), code,
                              avg, vote, rails, folded, in_out, NULL, NULL)
@@ -256,7 +260,7 @@ cdef class NodeCall:
         wire, root), and the kernel's element kind and op code given; with cuda (its streams set), staged.
         Counts the call once its ANNOUNCED wait passed, and its chunks once ended (DONE, MISMATCH_SPENT)."""
         cdef Plan p
-        cdef Py_ssize_t x_count = fields[1], c
+        cdef Py_ssize_t x_count = max(fields[1], 0), c  # a refused call's count (REFUSED) moves nothing
         p.fields, p.collective, p.folded = fields, fields[0], folded
         p.into_result = p.collective == BROADCAST or p.collective == ALLGATHER
         p.deposits = p.collective != BROADCAST or self.rank == fields[4]

@@ -32,9 +32,8 @@ CONSUMED) before raising, so the node's counters agree for the next call.
 On one node the chunk is a **cache chunk** (cache_chunk_bytes): its stages in flight stay in the
 last-level cache. Every rank cuts a call alike, whichever path runs it, since a call's descriptor says
 nothing of where its arrays are. The protocol runs in C (hfr/_node_call.pyx, which keeps the sequence
-numbers of every call) for every call _run names: all but refused calls (and every call where the
-kernels are not the Cython ones), across nodes polling one schedule of hfr/_internode.pyx per chunk on the
-rail. This Python loop runs the rest.
+numbers of every call) for every call where the kernels are the Cython ones, across nodes polling one
+schedule of hfr/_internode.pyx per chunk on the rail. This Python loop runs the calls with the others.
 The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock
 for the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's of one
 chunk on this engine's device once _copies has met one) in C.
@@ -81,7 +80,7 @@ WHOLE_UP_TO_BYTES = int(Protocol.WHOLE_UP_TO_BYTES)
 COLLECTIVES = tuple(c.name.lower() for c in Collective)  # in wire code order
 HEALTHY, BROKEN = 1, 2  # CLOSING's values
 DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")  # Protocol.DESCRIPTOR_FIELDS of them
-REFUSED = -1  # the count of a refused call's descriptor (its other fields -1 but the collective)
+REFUSED = int(Protocol.REFUSED)
 ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits up to this long for its peers' word on who never came
 SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are retired again
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
@@ -329,9 +328,9 @@ class Engine:
     def _run(self, call: Call) -> None:
         """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
         x = call.x
-        # In C (hfr/_node_call.pyx), with the Cython kernel: every call but a refused one (whose descriptor is
-        # the Python loop's), a CUDA array's staged (its copies queued on streams) where it has elements.
-        in_c = self.front.in_c and not call.refused and (x.kind == "numpy" or call.nbytes > 0)
+        # In C (hfr/_node_call.pyx), with the Cython kernel: every call, a CUDA array's staged (its copies
+        # queued on streams) where it has elements.
+        in_c = self.front.in_c and (x.kind == "numpy" or call.nbytes > 0)
         if in_c and x.kind == "numpy":
             self._run_in_c(call, None)
             return
@@ -485,17 +484,15 @@ class Engine:
         (hfr/_node_call.pyx): x's chunks copied into our input slots and our part of the result out, on the
         streams copies.streams names."""
         x, out, g = call.x, call.out, self._node_call.chunks_done
-        code = _COLLECTIVE_CODES[call.collective]
         cuda, to_host, to_device, staging = None, 0, 0, 0
         if copies is not None:
             cuda, staging = copies.driver, copies.staging_address
             to_host, to_device = copies.streams(call.ready, x.stream, several=call.nbytes > self.chunk)
         vote, rails, folded = self._rails(call, g)
         try:
-            outcome = self._node_call.run(
-                code, x.address, x.size, out.address, out.size, x.dtype, dtype_code(x.dtype), call.op,
-                -1 if code in _NO_OP else op_code(call.op), call.root, vote, rails, folded, self._result_in_out(call),
-                cuda=cuda, to_host=to_host, to_device=to_device, staging=staging)
+            outcome = self._node_call.run(call.descriptor(), x.address, out.address, out.size, x.dtype, call.op, vote,
+                                          rails, folded, self._result_in_out(call), cuda=cuda, to_host=to_host,
+                                          to_device=to_device, staging=staging)
         except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
             self._abandon(vote, rails)
             raise
