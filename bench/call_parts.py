@@ -31,7 +31,7 @@ import _tree  # noqa: F401  (this checkout's hfr first: A/B runs of two trees)
 import hfr
 from hfr import internode
 from hfr.engine import STAGES
-from hfr.ops import Op, dtype_code, op_code
+from hfr.ops import Op
 from hfr.settings import parse_bytes
 
 
@@ -76,8 +76,9 @@ def main() -> None:
 
 def _node_protocol(engine, x: np.ndarray) -> Callable[[], object]:
     """NodeCall.run of an allreduce of x in place, as the front runs it."""
-    node_call, address, code = engine._node_call, x.ctypes.data, dtype_code(x.dtype)
+    node_call, address = engine._node_call, x.ctypes.data
     call = engine.front_call(x, Op.SUM, None)
+    descriptor = call.descriptor()
     # across nodes the call shape's schedules of each stage (the engine's), rewound before each call
     schedules = [engine._rail_schedules(call, stage) if engine.layout.nnodes > 1 else (None, None, False)
                  for stage in range(STAGES)]
@@ -87,8 +88,7 @@ def _node_protocol(engine, x: np.ndarray) -> Callable[[], object]:
         for schedule in (vote, *(rails or ())):
             if schedule is not None:
                 schedule.rewind()
-        if node_call.run(0, address, x.size, address, x.size, x.dtype, code, Op.SUM, op_code(Op.SUM), 0, vote, rails,
-                         folded):
+        if node_call.run(descriptor, address, address, x.size, x.dtype, Op.SUM, vote, rails, folded):
             raise RuntimeError("the node's protocol did not end DONE")
 
     return run
