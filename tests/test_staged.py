@@ -58,3 +58,10 @@ def test_a_mismatched_staged_call_raises_everywhere_and_the_next_is_right(fake_c
     env = {**fake_cuda, **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
     out = run_mpi(nprocs, "staged_worker.py", "mismatch", env=env, timeout=120).stdout
     assert out.count("mismatch rounds ok") == nprocs, out
+
+
+@pytest.mark.parametrize("algo", ["mpi", "gather"])
+def test_cuda_calls_by_mpi_and_gather_across_nodes_are_right(fake_cuda, algo):
+    """MPI's own collectives, polled in C (hfr/_internode.pyx's Collective), under CUDA calls on 2 x 2."""
+    env = {**fake_cuda, "HFR_LOCAL_SIZE": "2", "HFR_ALGO": algo}
+    assert run_mpi(4, "staged_worker.py", "calls", env=env, timeout=180).stdout.count("staged calls ok") == 4
