@@ -100,12 +100,14 @@ cdef cancel_fn mpi_request_free
 cdef iallreduce_fn mpi_iallreduce
 cdef ireduce_fn mpi_ireduce
 cdef iallgather_fn mpi_iallgather
+cdef void* mpi_in_place  # MPI_IN_PLACE: (void*)-1 in MPICH, (void*)1 in Open MPI
 
 
 def _bind_mpi() -> None:
     """Look MPI's functions up in the library mpi4py loaded (dlsym through mpi4py's extension searches
     its dependencies, libmpi among them)."""
     global mpi_isend, mpi_irecv, mpi_test, mpi_cancel, mpi_request_free, mpi_iallreduce, mpi_ireduce, mpi_iallgather
+    global mpi_in_place
     lib = ctypes.CDLL(MPI.__file__)
 
     cdef uintptr_t isend = ctypes.cast(lib.MPI_Isend, ctypes.c_void_p).value
@@ -120,6 +122,7 @@ def _bind_mpi() -> None:
     cdef uintptr_t iallgather = ctypes.cast(lib.MPI_Iallgather, ctypes.c_void_p).value
     mpi_iallreduce, mpi_ireduce = <iallreduce_fn>iallreduce, <ireduce_fn>ireduce
     mpi_iallgather = <iallgather_fn>iallgather
+    mpi_in_place = <void*><Py_ssize_t>int(MPI.IN_PLACE)
 
 
 _bind_mpi()
@@ -834,20 +837,20 @@ cpdef enum CollectiveKind:
 ctypedef struct CollectiveState:
     CollectiveKind kind
     int count  # of datatype's items (gather: the slice's bytes)
-    uintptr_t datatype, op, in_place  # handles, and MPI_IN_PLACE's address
+    uintptr_t datatype, op  # handles
     int root, rank, n
     Py_ssize_t elements  # buf's, which gather's rows combine into
     char* gathered  # gather: n rows of the slice's bytes, in rail-rank order
-    void** rows
+    void** rows  # gather: where each row begins
     bint posted, finished
     Request request
 
 
 cdef int _post_collective(CollectiveState* s, Call* c) noexcept nogil:
     if s.kind == MPI_ALLREDUCE:
-        return mpi_iallreduce(<void*>s.in_place, c.buf, s.count, s.datatype, s.op, c.comm, &s.request)
+        return mpi_iallreduce(mpi_in_place, c.buf, s.count, s.datatype, s.op, c.comm, &s.request)
     if s.kind == MPI_REDUCE:
-        return mpi_ireduce(<void*>s.in_place if s.rank == s.root else c.buf, c.buf if s.rank == s.root else NULL,
+        return mpi_ireduce(mpi_in_place if s.rank == s.root else c.buf, c.buf if s.rank == s.root else NULL,
                            s.count, s.datatype, s.op, s.root, c.comm, &s.request)
     return mpi_iallgather(c.buf, s.count, c.byte, s.gathered, s.count, c.byte, c.comm, &s.request)
 
@@ -855,7 +858,6 @@ cdef int _post_collective(CollectiveState* s, Call* c) noexcept nogil:
 cdef bint _advance_collective(void* state, Call* c, bint* done) noexcept nogil:
     cdef CollectiveState* s = <CollectiveState*>state
     cdef bint moved = False
-    cdef int i
     if not s.posted:
         _failed(_post_collective(s, c), c)
         if c.error:
@@ -866,8 +868,6 @@ cdef bint _advance_collective(void* state, Call* c, bint* done) noexcept nogil:
             return moved
         s.finished = moved = True
         if s.kind == GATHER:  # the rows combined in rail-rank order: the same expression on every rank
-            for i in range(s.n):
-                s.rows[i] = s.gathered + i * <Py_ssize_t>s.count
             if reduce_nogil(c.kind, c.itemsize, c.buf, s.rows, s.n, s.elements, c.code, c.threads, 1,
                             STORES_BY_SIZE):
                 _failed(NO_MEMORY, c)
@@ -885,10 +885,10 @@ cdef class Collective(Schedule):
     def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, op, cnp.ndarray scratch not None, int threads,
                   CollectiveKind kind, datatype=None, int count=0, mpi_op=None, int root=0):
         cdef CollectiveState* s = &self.coll
+        cdef int i
         self.advance, self.state = _advance_collective, s
         s.kind, s.root, s.rank, s.n = kind, root, comm.Get_rank(), comm.Get_size()
         s.elements, s.posted, s.finished, s.rows = buf.shape[0], False, False, NULL
-        s.in_place = <uintptr_t><Py_ssize_t>int(MPI.IN_PLACE)
         if buf.nbytes > 2147483647:
             raise ValueError(f"one collective moves at most 2 GiB - 1 bytes here, not {buf.nbytes}")
         if kind == GATHER:
@@ -898,6 +898,8 @@ cdef class Collective(Schedule):
             s.rows = <void**>malloc(s.n * sizeof(void*))
             if s.rows == NULL:
                 raise MemoryError()
+            for i in range(s.n):
+                s.rows[i] = s.gathered + i * <Py_ssize_t>s.count
             return
         if datatype is None or mpi_op is None or not 0 <= root < s.n:
             raise ValueError(f"MPI's allreduce or reduce needs a datatype, an op and a root in range, got "

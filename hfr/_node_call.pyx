@@ -35,12 +35,11 @@ node's counters agreeing (MISMATCH_SPENT: the engine counts the chunk as done).
 A CUDA array's call is *staged* (hfr/_cuda.pyx): its copies are queued on two streams, one each way, and
 run while the node works on other chunks. Copy in queues x's part of the chunk (into our input slot, all
 of it: the reduce reads our own slice there too) and an event after it, which the rank waits for before
-ARRIVED.
-Copy out queues out's part of the result and an event after it; CONSUMED waits for that event: the rank
-publishes it as chunk c + STAGES begins (before that chunk's waits, which may need the others' CONSUMED
-of chunk c), and at the call's end, which thus waits for every copy. A whole call reduces out's part into staging, a page-locked buffer of this
-rank's, and copies it out from there. A call that stops waits for the copies it queued before it returns,
-so that none touches x or out after.
+ARRIVED. Copy out queues out's part of the result and an event after it; CONSUMED waits for that event:
+the rank publishes it as chunk c + STAGES begins (before that chunk's waits, which may need the others'
+CONSUMED of chunk c), and at the call's end, which thus waits for every copy. A whole call reduces out's
+part into staging, a page-locked buffer of this rank's, and copies it out from there. A call that stops
+waits for the copies it queued before it returns, so that none touches x or out after.
 With one rank a node, a host array's allreduce of several chunks makes each chunk's result in out itself
 (in_out), where the rail works on it: two copies fewer a chunk, the same bits.
 Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx, one per chunk)
@@ -477,15 +476,13 @@ cdef int _retire(Node* node, Plan* p, int64_t until) noexcept nogil:
     have run (the others publish it as they copy out). Chunk g retires chunk g - STAGES as it begins,
     before it waits for anyone: a rank that held it back while it waited for ARRIVED could wait for a
     rank that waits for it. WAITED or CUDA_FAILED."""
-    cdef int64_t g = p.first_chunk + p.consumed
     cdef int error
-    if p.cuda == NULL or g >= until:
+    if p.cuda == NULL or p.first_chunk + p.consumed >= until:
         return WAITED
-    while g < until:
-        error = wait(p.cuda, OUT_EVENTS + g % STAGES)
-        if error:
-            return _cuda_failed(p, error, CUDA_COPY_OUT)
-        g += 1
+    # the copies out run in order on one stream: once the last one's event is done, so are the others
+    error = wait(p.cuda, OUT_EVENTS + (until - 1) % STAGES)
+    if error:
+        return _cuda_failed(p, error, CUDA_COPY_OUT)
     p.consumed = until - p.first_chunk
     _publish(node, CONSUMED, until)
     return WAITED
