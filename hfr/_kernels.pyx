@@ -20,6 +20,7 @@ import importlib
 import ml_dtypes
 import numpy as np
 
+from hfr._wait cimport hfr_now, sched_yield
 from hfr._simd cimport BF16, F32, F64, FP16, I8, I32, I64, SUM, MAX, MIN, PROD, U8, U32, U64, block_fn
 from hfr.ops import Op
 
@@ -57,43 +58,78 @@ cdef extern from *:
     #include <signal.h>
     /* The pool: hfr_pool_run(fn, job, parts) runs fn(job, p) for every p in [0, parts), on the calling
        thread and up to parts - 1 pool threads, and returns the sum of fn's results. Threads are started
-       on demand and never stop; between jobs they wait on `wake`. One job at a time (`owner`).
-       hfr_pool_init() runs once, at import, before any of the pool's locks can be held. */
+       on demand and never stop. One job at a time (`owner`); jobs are numbered, and `claims` holds the
+       current job's number (high 32 bits) and how many of its parts are claimed (low 32 bits), so a thread
+       claims a part of the job it read, or of none. Between jobs a thread and the caller spin (yielding)
+       for HFR_POOL_SPIN_S before they sleep on a condition variable: a call's chunks hand work out every
+       ~10-100 us, and a sleeping thread takes ~30 us to wake (bench/RESULTS.md). hfr_pool_init() runs
+       once, at import, before any of the pool's locks can be held. */
+    #define HFR_POOL_SPIN_S 5e-4
     typedef int (*hfr_part_fn)(void *job, int part);
     static struct {
-        pthread_mutex_t lock, owner;
+        pthread_mutex_t lock, owner;  /* lock: sleeping and waking */
         pthread_cond_t wake, done;
         int threads;
-        hfr_part_fn fn;
+        hfr_part_fn fn;  /* the job, written before its number is published in claims */
         void *job;
-        int parts, next, unfinished, failed;  /* the job: parts claimed so far, not yet finished */
+        int parts;
+        unsigned long long claims;  /* atomic: (job number << 32) | parts claimed */
+        int unfinished, failed;  /* atomic: the job's parts not yet finished, their failures */
+        int sleepers;  /* atomic: threads asleep on wake, or about to be */
+        int caller_asleep;  /* under lock: the caller sleeps on done */
     } hfr_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
                   PTHREAD_COND_INITIALIZER};
 
-    /* Claim and run parts until none is left: entered and left with the lock held. */
-    static void hfr_pool_work(void) {
-        while (hfr_pool.next < hfr_pool.parts) {
-            int part = hfr_pool.next++, failed;
+    static inline unsigned long long hfr_pool_claims(void) {
+        return __atomic_load_n(&hfr_pool.claims, __ATOMIC_SEQ_CST);
+    }
+
+    /* Claim and run parts of job `number` until none is left. A part's fields are read before its claim:
+       the job cannot change while one of its parts is unclaimed, so a claim that succeeds read them right. */
+    static void hfr_pool_work(unsigned long long number) {
+        for (;;) {
+            unsigned long long c = hfr_pool_claims();
             hfr_part_fn fn = hfr_pool.fn;
             void *job = hfr_pool.job;
-            pthread_mutex_unlock(&hfr_pool.lock);
+            int part = (int)(c & 0xffffffffu), failed;
+            if (c >> 32 != number || part >= hfr_pool.parts)
+                return;
+            if (!__atomic_compare_exchange_n(&hfr_pool.claims, &c, c + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                continue;
             failed = fn(job, part);
-            pthread_mutex_lock(&hfr_pool.lock);
-            hfr_pool.failed += failed;
-            if (--hfr_pool.unfinished == 0)
-                pthread_cond_signal(&hfr_pool.done);
+            if (failed)
+                __atomic_fetch_add(&hfr_pool.failed, failed, __ATOMIC_SEQ_CST);
+            if (__atomic_sub_fetch(&hfr_pool.unfinished, 1, __ATOMIC_SEQ_CST) == 0) {
+                pthread_mutex_lock(&hfr_pool.lock);
+                if (hfr_pool.caller_asleep)
+                    pthread_cond_signal(&hfr_pool.done);
+                pthread_mutex_unlock(&hfr_pool.lock);
+            }
         }
     }
 
-    static void *hfr_pool_thread(void *unused) {
+    static void *hfr_pool_thread(void *seen_job) {
+        unsigned long long seen = (unsigned long long)(uintptr_t)seen_job, number;
+        double idle;
     #if defined(__linux__)
         pthread_setname_np(pthread_self(), "hfr-kernels");  /* as top -H and py-spy show it */
     #endif
-        pthread_mutex_lock(&hfr_pool.lock);
         for (;;) {
-            while (hfr_pool.next >= hfr_pool.parts)
-                pthread_cond_wait(&hfr_pool.wake, &hfr_pool.lock);
-            hfr_pool_work();
+            idle = hfr_now();
+            while ((number = hfr_pool_claims() >> 32) == seen) {
+                if (hfr_now() - idle < HFR_POOL_SPIN_S) {
+                    sched_yield();
+                    continue;
+                }
+                pthread_mutex_lock(&hfr_pool.lock);
+                __atomic_add_fetch(&hfr_pool.sleepers, 1, __ATOMIC_SEQ_CST);
+                while ((number = hfr_pool_claims() >> 32) == seen)
+                    pthread_cond_wait(&hfr_pool.wake, &hfr_pool.lock);
+                __atomic_sub_fetch(&hfr_pool.sleepers, 1, __ATOMIC_SEQ_CST);
+                pthread_mutex_unlock(&hfr_pool.lock);
+            }
+            seen = number;
+            hfr_pool_work(number);
         }
         return NULL;
     }
@@ -104,7 +140,7 @@ cdef extern from *:
         pthread_mutex_init(&hfr_pool.owner, NULL);
         pthread_cond_init(&hfr_pool.wake, NULL);
         pthread_cond_init(&hfr_pool.done, NULL);
-        hfr_pool.threads = hfr_pool.parts = hfr_pool.next = 0;
+        hfr_pool.threads = hfr_pool.sleepers = hfr_pool.caller_asleep = 0;
     }
 
     static int hfr_pool_init(void) {
@@ -112,9 +148,11 @@ cdef extern from *:
     }
 
     static int hfr_pool_run(hfr_part_fn fn, void *job, int parts) {
+        unsigned long long number;
+        double idle;
         int failed, i;
         pthread_mutex_lock(&hfr_pool.owner);
-        pthread_mutex_lock(&hfr_pool.lock);
+        number = ((hfr_pool_claims() >> 32) + 1) & 0xffffffffu;
         while (hfr_pool.threads < parts - 1) {
             pthread_t thread;
             pthread_attr_t attr;
@@ -123,7 +161,7 @@ cdef extern from *:
             pthread_sigmask(SIG_BLOCK, &all, &old);
             pthread_attr_init(&attr);
             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-            i = pthread_create(&thread, &attr, hfr_pool_thread, NULL);
+            i = pthread_create(&thread, &attr, hfr_pool_thread, (void *)(uintptr_t)((number - 1) & 0xffffffffu));
             pthread_attr_destroy(&attr);
             pthread_sigmask(SIG_SETMASK, &old, NULL);
             if (i != 0)
@@ -132,17 +170,31 @@ cdef extern from *:
         }
         hfr_pool.fn = fn;
         hfr_pool.job = job;
-        hfr_pool.parts = hfr_pool.unfinished = parts;
-        hfr_pool.next = hfr_pool.failed = 0;
-        for (i = 1; i < parts; i++)
-            pthread_cond_signal(&hfr_pool.wake);
-        hfr_pool_work();
-        while (hfr_pool.unfinished > 0)
-            pthread_cond_wait(&hfr_pool.done, &hfr_pool.lock);
-        failed = hfr_pool.failed;
-        hfr_pool.parts = hfr_pool.next = 0;
+        hfr_pool.parts = parts;
+        __atomic_store_n(&hfr_pool.unfinished, parts, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&hfr_pool.failed, 0, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&hfr_pool.claims, number << 32, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&hfr_pool.sleepers, __ATOMIC_SEQ_CST) > 0) {
+            pthread_mutex_lock(&hfr_pool.lock);
+            pthread_cond_broadcast(&hfr_pool.wake);
+            pthread_mutex_unlock(&hfr_pool.lock);
+        }
+        hfr_pool_work(number);
+        idle = hfr_now();
+        while (__atomic_load_n(&hfr_pool.unfinished, __ATOMIC_SEQ_CST) > 0) {
+            if (hfr_now() - idle < HFR_POOL_SPIN_S) {
+                sched_yield();
+                continue;
+            }
+            pthread_mutex_lock(&hfr_pool.lock);
+            hfr_pool.caller_asleep = 1;
+            while (__atomic_load_n(&hfr_pool.unfinished, __ATOMIC_SEQ_CST) > 0)
+                pthread_cond_wait(&hfr_pool.done, &hfr_pool.lock);
+            hfr_pool.caller_asleep = 0;
+            pthread_mutex_unlock(&hfr_pool.lock);
+        }
+        failed = __atomic_load_n(&hfr_pool.failed, __ATOMIC_SEQ_CST);
         hfr_pool.job = NULL;  /* it lives on the caller's stack */
-        pthread_mutex_unlock(&hfr_pool.lock);
         pthread_mutex_unlock(&hfr_pool.owner);
         return failed;
     }
