@@ -5,8 +5,8 @@
 Trains examples/ddp_train.py's MLP with a hook that wraps hfr.torch.allreduce_hook and stamps, per
 bucket, when DDP called it, when the call returned and when its future completed, all relative to the
 step's start; then when backward returned and when the step ended (optimizer and a device sync). It also
-times, per step, what hfr's engine spent its time on (the calls, the waits for the node's ranks, the
-waits for its own copies, the sums). Variants of the hook:
+times, per step, the calls hfr's engine ran (in C, with the GIL released: the hook's calls; the blocking
+calls the front runs itself are not counted). Variants of the hook:
   hfr           hfr.torch.allreduce_hook as it is
   hfr-synced    the same after the caller's stream is synchronised (no copy waits for the backward pass)
   hfr-blocking  a blocking hfr.allreduce inside the hook, which returns a completed future
@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hfr
 import hfr.torch
-from hfr import copies, engine, kernels
+from hfr import engine
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 from ddp_train import no_communication_hook  # noqa: E402
@@ -54,10 +54,6 @@ def time_into(key: str, function):
 def instrument_engine() -> None:
     """Wrap the engine's steps so that `spent` adds up their time (before any Communicator is made)."""
     engine.Engine._run = time_into("call", engine.Engine._run)
-    engine.Engine._wait_all = time_into("node waits", engine.Engine._wait_all)
-    copies.CudaCopies.wait = time_into("own copies", copies.CudaCopies.wait)
-    reducer = kernels.unchecked_reducer
-    engine.kernels.unchecked_reducer = lambda: time_into("sums", reducer())
 
 
 def synced_hook(state, bucket):

@@ -74,7 +74,6 @@ cdef class Front:
     cdef Py_ssize_t unfinished  # calls counted in and not yet out
     cdef bint closed
     cdef public object broken  # what failed a call and left the peers' state unknown: no more calls
-    cdef public bint in_c  # calls run in C (the Cython kernels; the engine's _run says which); tests turn it off
     cdef int rank, nnodes
     cdef Py_ssize_t chunk_bytes
     cdef NodeCall node_call
@@ -104,10 +103,9 @@ cdef class Front:
         if self.order == NULL or self.running == NULL:
             raise MemoryError()
 
-    def __init__(self, NodeCall node_call, engine, int rank, int nnodes, Py_ssize_t chunk_bytes, dict rail_shapes,
-                 bint in_c):
+    def __init__(self, NodeCall node_call, engine, int rank, int nnodes, Py_ssize_t chunk_bytes, dict rail_shapes):
         self.node_call, self.engine, self.rank, self.nnodes = node_call, engine, rank, nnodes
-        self.chunk_bytes, self.rail_shapes, self.in_c = chunk_bytes, rail_shapes, in_c
+        self.chunk_bytes, self.rail_shapes = chunk_bytes, rail_shapes
         self.dtypes, self.dtype_codes, self.ops = tuple(DTYPES), DTYPE_CODES, tuple(Op)
         self.op_names = tuple(op.value for op in Op)
         self.ndtypes = len(self.dtypes)
@@ -217,8 +215,6 @@ cdef class Front:
         """comm.allreduce(x, op, out), run here: its result, or None where the
         engine's Python takes the call (the module's docstring says when)."""
         cdef Operands o
-        if not self.in_c:
-            return None
         if type(x) is cnp.ndarray:
             if not self._host_operands(x, out, &o):
                 return None

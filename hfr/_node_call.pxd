@@ -8,7 +8,8 @@ from hfr._kernels cimport Kind
 
 
 
-# The node's protocol, defined here once (hfr/engine.py and hfr/_front.pyx take it from here).
+# The node's protocol, defined here once (hfr/engine.py and hfr/_front.pyx take it from here; its terms:
+# hfr/_node_call.pyx).
 cpdef enum Protocol:
     ANNOUNCED = 0  # control words, one cache line apart: the counters (hfr/engine.py's terms)
     ARRIVED = 8
@@ -58,12 +59,12 @@ cdef class NodeCall:
     cdef int size, rank
     cdef Py_ssize_t cache_bytes  # the node's share of the last-level cache (0: unknown)
     cdef Py_ssize_t chunk  # the engine's chunk: what every call is cut into, on every rank alike
-    # The engine's sequence numbers, kept here for every call, run here or in the engine's Python loop:
-    cdef public int64_t calls_done  # calls checked (their ANNOUNCED wait passed); picks the descriptor row
-    cdef public int64_t chunks_done  # chunks ended: the next call's first chunk g
-    cdef public Py_ssize_t call_chunks  # the last call's chunks
-    cdef public Py_ssize_t failed_chunk  # the chunk (of the last call) it was at if it did not end DONE
-    cdef public str cuda_failure  # what failed in a staged call's copies (CUDA_FAILED)
+    # The engine's sequence numbers, kept here for every call:
+    cdef readonly int64_t calls_done  # calls checked (their ANNOUNCED wait passed); picks the descriptor row
+    cdef readonly int64_t chunks_done  # chunks ended: the next call's first chunk g
+    cdef readonly Py_ssize_t call_chunks  # the last call's chunks
+    cdef readonly Py_ssize_t failed_chunk  # the chunk (of the last call) it was at if it did not end DONE
+    cdef readonly str cuda_failure  # what failed in a staged call's copies (CUDA_FAILED)
 
     cdef int call(self, long long* fields, char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize, Kind kind,
                   int code, bint avg, Schedule vote, list rails, bint folded, bint in_out, Cuda* cuda,

@@ -1,11 +1,27 @@
 # cython: language_level=3
-"""The node protocol in C: one call's chunk loop (the engine's terms, hfr/engine.py), with the GIL released
-from the first step to the last.
+"""The node protocol in C (Algorithm 1 of the paper): one call's chunk loop, with the GIL released from the
+first step to the last, for every call of every Communicator.
 
-A call's elements are cut into the engine's chunks (chunk; on one node cache chunks, which the engine sizes
-so that the stages in flight fit the node's share of the last-level cache: a chunk is copied in, reduced
-and copied out while it is still there).
-Chunk c is chunk g = first_chunk + c of the Communicator and uses stage g % STAGES.
+Terms. A call's array is cut into **chunks** of the engine's chunk (hfr/engine.py: chunk_bytes across nodes,
+a cache chunk on one node, cache_chunk_bytes). Chunks are numbered across the whole life of the
+Communicator (the chunk's **sequence number** g), and chunk g uses **stage** g % STAGES of the node-shared
+segment (hfr/shm.py): local_size **input slots**, one per local rank, then the **result slot**. Within a
+chunk, local rank l owns **slice** l: it sums slice l of the input slots in slot order into the result
+slot, then takes it through the inter-node step on its rail.
+Ranks of a node synchronise through monotonic **counters** in their control rows (hfr/_node_call.pxd's
+Protocol), each written only by its owner and read by the others ("I have done this step for chunks up
+to here"; chunk g's value is g + 1):
+  ANNOUNCED  calls whose descriptor I have written (checked by everyone before data leaves a rank)
+  ARRIVED    chunks I have copied into my input slot
+  REDUCED    chunks whose slice I own is final in the result slot, their input slots read by me
+  CONSUMED   chunks I have copied out of the result slot
+  CLOSING    set once, by close(): HEALTHY, or BROKEN when this rank's communicator failed
+A stage's input slots are reused once every rank has REDUCED the chunk that used them before, its result
+slot once every rank has CONSUMED it. So copies into the segment run ahead by up to STAGES chunks, while
+other chunks are reduced, travel and are copied back.
+
+The steps (a cache chunk is copied in, reduced and copied out while it is still in the cache).
+Chunk c of the call is chunk g = first_chunk + c of the Communicator and uses stage g % STAGES.
   announce   write the call's descriptor into our control row, then ANNOUNCED
   copy in    into our input slot, for each of the call's first STAGES chunks before the check and for chunk
              c + STAGES once chunk c is copied out, the parts of x the others reduce (our own slice is read
@@ -43,8 +59,7 @@ waits for the copies it queued before it returns, so that none touches x or out 
 With one rank a node, a host array's allreduce of several chunks makes each chunk's result in out itself
 (in_out), where the rail works on it: two copies fewer a chunk, the same bits.
 Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx, one per chunk)
-and turns the outcome into the call's result or error. The engine's Python loop runs the calls where the
-kernels are not the Cython ones.
+and turns the outcome into the call's result or error (hfr/engine.py).
 """
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
@@ -169,7 +184,7 @@ cdef int _run_rail(Node* node, Rail* rail, int stopped) noexcept nogil:
 
 cdef class NodeCall:
     """This rank's view of its node's segment, made once by the engine; run() runs one call from chunk
-    chunks_done on, and counts it (the engine's Python loop counts its own calls in the same two counters)."""
+    chunks_done on, and counts it."""
 
     def __cinit__(self, size_t control, Py_ssize_t row_words, int local_size, int local_rank, double timeout,
                   size_t stages, Py_ssize_t stage_bytes, Py_ssize_t slot_bytes, int size, int rank, int threads,
@@ -188,14 +203,9 @@ cdef class NodeCall:
     def __dealloc__(self):
         free(self.node.inputs)
 
-    @property
-    def descriptor_column(self) -> int:
-        """Where the next call's descriptors go (the engine's Python loop reads them there)."""
-        return _descriptor_column(self.calls_done)
-
     def chunks(self, Py_ssize_t elements, Py_ssize_t itemsize) -> list:
-        """How a call that cuts `elements` of itemsize bytes is cut, in elements, as its chunk loop cuts it
-        here and in the engine's Python loop: per chunk (first, count, lo, hi), its first element and
+        """How a call that cuts `elements` of itemsize bytes is cut, in elements, as its chunk loop cuts it:
+        per chunk (first, count, lo, hi), its first element and
         count, and this rank's slice [lo, hi) of it."""
         cdef Py_ssize_t total = elements * itemsize, c, first, count, lo, hi
         cuts = []
@@ -207,17 +217,6 @@ cdef class NodeCall:
     def publish(self, Py_ssize_t column, int64_t value) -> None:
         """Our counter in column := value, seen by the others after every store of ours before it."""
         _publish(&self.node, column, value)
-
-    def announce(self, list descriptor) -> None:
-        """Write the next call's descriptor (DESCRIPTOR_FIELDS ints) and publish ANNOUNCED: the announce
-        step, for a call that runs in the engine's Python loop."""
-        cdef long long fields[DESCRIPTOR_FIELDS]
-        cdef Py_ssize_t i
-        if len(descriptor) != DESCRIPTOR_FIELDS:
-            raise ValueError(f"a descriptor has {DESCRIPTOR_FIELDS} fields, got {descriptor!r}")
-        for i in range(DESCRIPTOR_FIELDS):
-            fields[i] = descriptor[i]
-        _announce(&self.node, _descriptor_column(self.calls_done), fields, self.calls_done)
 
     def run(self, list descriptor, size_t x, size_t out, Py_ssize_t out_count, object dtype, object op,
             Schedule vote=None, list rails=None, bint folded=False, bint in_out=False, *, Device cuda=None,
@@ -637,7 +636,7 @@ cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
             if waited != WAITED:
                 return waited
             own = _own(node, p, g, first)
-            if not p.into_result and hi > lo:  # a whole call's too, for ranks in the engine's Python loop
+            if not p.into_result and hi > lo:  # a whole call's too: the others may read it in the result slot
                 if (not (p.in_out and own == result and p.divisor == 1)
                         and _reduce_slice(node, p, result + lo, own, slots, lo, hi,
                                           p.out_stores if p.in_out else p.slot_stores)):

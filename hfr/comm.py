@@ -10,7 +10,7 @@ from typing import Any, Optional, Union
 import numpy as np
 from mpi4py import MPI
 
-from . import internode, kernels, settings, topology
+from . import internode, settings, topology
 from .arrays import check_out, check_shards, inspect
 from .copies import caller_ready
 from .engine import Call, Engine
@@ -48,7 +48,7 @@ class Communicator:
             wait, problem = settings.DEFAULT_TIMEOUT, error  # still tell the others, within the default
         else:
             problem = None
-        chunk = algo = wanted = kernel = None
+        chunk = algo = wanted = None
         if problem is None:
             try:
                 if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -58,13 +58,9 @@ class Communicator:
                 wanted = topology.requested_local_size(local_size)
                 settings.num_threads()
                 settings.cache_bytes()
-                kernel = kernels.backend_name()  # HFR_KERNEL names a backend that works here
             except (ValueError, TypeError, HFRError) as error:
                 problem = error
-        # The same kernels everywhere too: across nodes both partners of a doubling step combine the same
-        # two partials, and only the same kernels promise the same bits.
-        _agree_on_settings(comm, problem, {"chunk_bytes": chunk, "HFR_ALGO": algo, "local_size": wanted,
-                                           "HFR_KERNEL": kernel}, wait)
+        _agree_on_settings(comm, problem, {"chunk_bytes": chunk, "HFR_ALGO": algo, "local_size": wanted}, wait)
         self._device: Optional[int] = None  # the CUDA device of the first CUDA array; every later one's
         self._engine: Optional[Engine] = None
         self._front = None  # the engine's, for the blocking allreduce

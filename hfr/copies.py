@@ -1,9 +1,7 @@
-"""Copies between a rank's array and the node-shared segment.
-
-A copy returns a token: None when it has already finished, else a CUDA event to poll. For CuPy
-arrays the copies run on two streams of the Communicator's own, one each way, so that copies in and
-out overlap (the GPU's copy engines, no kernel), both ordered after the work the caller had queued on
-its current stream when it made the call.
+"""What the engine needs for a CuPy array's calls, which run staged in C (hfr/_node_call.pyx, through the
+driver: hfr/_cuda.pyx): two streams of the Communicator's own, one each way, so that a call's copies in and
+out overlap (the GPU's copy engines, no kernel), ordered after the work the caller had queued on its
+current stream when it made the call; and a page-locked staging buffer for a small call's result.
 """
 from __future__ import annotations
 
@@ -11,11 +9,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["HostCopies", "CudaCopies", "finished", "caller_ready"]
-
-
-def finished(token: Any) -> bool:
-    return token is None or token.done
+__all__ = ["CudaCopies", "caller_ready"]
 
 
 def caller_ready(stream: Any, device: int) -> Any:
@@ -29,44 +23,10 @@ def caller_ready(stream: Any, device: int) -> Any:
     return event
 
 
-def _copy_with_threads():
-    """copy(dst, src, threads): the Cython kernels' threaded copy, else NumPy's memcpy."""
-    try:
-        from ._kernels import parallel_copy
-
-        return parallel_copy
-    except ImportError:
-        return lambda dst, src, threads: np.copyto(dst, src)
-
-
-class HostCopies:
-    """NumPy arrays: a copy on `threads` threads, finished when it returns."""
-
-    def __init__(self, threads: int):
-        self.threads = threads
-        self._copy = _copy_with_threads()
-
-    def begin(self, ready: Any, caller: Any) -> None:
-        pass
-
-    def wait(self, token: Any) -> None:
-        pass
-
-    def drain(self) -> None:
-        pass
-
-    def to_segment(self, dst: np.ndarray, src: Any, start: int) -> None:
-        self._copy(dst, src.view(np.uint8)[start : start + dst.size], self.threads)
-
-    def from_segment(self, dst: Any, start: int, src: np.ndarray) -> None:
-        self._copy(dst.view(np.uint8)[start : start + src.size], src, self.threads)
-
-
 class CudaCopies:
-    """CuPy arrays on one device: asynchronous copies through a page-locked segment. Used with that
-    device current (the engine makes it so), so that every event is made on the streams' device.
-    Calls are staged in C instead where they can be (hfr/_node_call.pyx): through `driver` (hfr/_cuda.pyx)
-    on the streams that streams() names, with `staging`, page-locked, for a small call's result."""
+    """CuPy arrays on one device, whose calls are staged in C through `driver` (hfr/_cuda.pyx) on the streams
+    that streams() names, with `staging`, page-locked, for a small call's result. Used with that device
+    current (the engine makes it so), so that every event is made on the streams' device."""
 
     def __init__(self, device: int, staging_bytes: int):
         import cupy
@@ -74,7 +34,6 @@ class CudaCopies:
 
         from ._cuda import Device
 
-        self._cupy = cupy
         self.device = device
         self.driver = Device(device)
         with cupy.cuda.Device(device):
@@ -99,27 +58,3 @@ class CudaCopies:
             return caller.ptr, caller.ptr
         self.begin(ready, caller)
         return self.to_host.ptr, self.to_device.ptr
-
-    def wait(self, token: Any) -> None:
-        """Block until the copy of token has finished (the GIL is released meanwhile)."""
-        if token is not None:
-            token.synchronize()
-
-    def drain(self) -> None:
-        """Block until every copy queued so far, either way, has finished."""
-        self.to_host.synchronize()
-        self.to_device.synchronize()
-
-    def _copy(self, stream: Any, dst_ptr: int, src_ptr: int, nbytes: int, kind: int) -> Any:
-        self._cupy.cuda.runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, kind, stream.ptr)
-        event = self._cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(stream)
-        return event
-
-    def to_segment(self, dst: np.ndarray, src: Any, start: int) -> Any:
-        return self._copy(self.to_host, dst.ctypes.data, src.data.ptr + start, dst.size,
-                          self._cupy.cuda.runtime.memcpyDeviceToHost)
-
-    def from_segment(self, dst: Any, start: int, src: np.ndarray) -> Any:
-        return self._copy(self.to_device, dst.data.ptr + start, src.ctypes.data, src.size,
-                          self._cupy.cuda.runtime.memcpyHostToDevice)

@@ -1,42 +1,18 @@
-"""The chunk pipeline of one Communicator (Algorithm 1 of the paper), run by its progress thread.
+"""The engine of one Communicator: the node-shared segment, the progress thread that runs queued calls in
+order, and what a call's outcome means.
 
-Terms. A call's array is cut into **chunks** of the engine's chunk (self.chunk: chunk_bytes across nodes,
-a cache chunk on one node, below). Chunks are numbered across the whole
-life of the Communicator (the chunk's **sequence number** g), and chunk g uses **stage** g % STAGES of
-the node-shared segment. Within a chunk, local rank l owns **slice** l: it sums slice l of the L input
-slots in slot order into the result slot, then takes it through the inter-node step on its rail.
-
-Ranks of a node synchronise through four monotonic **counters** in their control rows, each written
-only by its owner and read by the others ("I have done this step for chunks up to here"):
-  ANNOUNCED  calls whose descriptor I have written (checked by everyone before data leaves a rank)
-  ARRIVED    chunks I have copied into my input slot
-  REDUCED    chunks whose slice I own is final in the result slot, their input slots read by me
-  CONSUMED   chunks I have copied out of the result slot
-  CLOSING    set once, by close(): HEALTHY, or BROKEN when this rank's communicator failed
-A stage's input slots are reused once every rank has REDUCED the chunk that used them before, its
-result slot once every rank has CONSUMED it. So copies into the segment run ahead by up to STAGES
-chunks, while other chunks are reduced, travel and are copied back. A host (NumPy) array's owner reads
-its own slice straight from the array, so its slot holds only the slices the others need.
-A **whole** call (one node, at most WHOLE_UP_TO_BYTES) copies all of x into every input slot, and a
-rank whose call runs in C reduces its part of out straight from the slots (hfr/_node_call.pyx; a CUDA
-array's into a page-locked buffer of its own, then copied to out), then publishes REDUCED, rather than
-wait for the others' slices: it can leave the call while the others still read its slot. A copy in
-made after the ARRIVED wait of the chunk before is safe (every rank had published REDUCED for the chunk
-STAGES back before that ARRIVED); the copies ahead of the call check (a call's first STAGES chunks, in
-the Python loop) wait for the REDUCED rule themselves.
-A **folded** call (across nodes: one chunk of at most _FOLDED_UP_TO_BYTES that takes doubling) sends
-its slice over the rail inside the call check's vote (its record, hfr/_internode.pyx): one doubling,
-not two. Its ranks, agreeing within the node, publish ARRIVED and reduce their slice into the record
-before the vote; if the vote finds that nodes differ, each ends the chunk with no result (REDUCED,
-CONSUMED) before raising, so the node's counters agree for the next call.
-On one node the chunk is a **cache chunk** (cache_chunk_bytes): its stages in flight stay in the
-last-level cache. Every rank cuts a call alike, whichever path runs it, since a call's descriptor says
-nothing of where its arrays are. The protocol runs in C (hfr/_node_call.pyx, which keeps the sequence
-numbers of every call) for every call where the kernels are the Cython ones, across nodes polling one
-schedule of hfr/_internode.pyx per chunk on the rail. This Python loop runs the calls with the others.
-The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock
-for the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's of one
-chunk on this engine's device once _copies has met one) in C.
+Every call runs in C (hfr/_node_call.pyx: the node protocol, Algorithm 1 of the paper, where its terms are
+defined: chunks, sequence numbers, stages, slots, counters, whole and folded calls). Python describes a
+call once (Call.descriptor; across nodes the rail's schedules of hfr/_internode.pyx, one per chunk, or the
+call check's vote carrying a folded call's slice), NodeCall.run runs it with the GIL released, and
+_c_call_failed turns an outcome other than DONE into the exception every rank of the call expects: a
+mismatch, or a timeout naming the ranks that never came.
+The engine's chunk (self.chunk) is chunk_bytes across nodes, and on one node a **cache chunk**
+(cache_chunk_bytes): its stages in flight stay in the last-level cache. Every rank cuts a call alike,
+since a call's descriptor says nothing of where its arrays are.
+The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock for
+the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's of one chunk
+on this engine's device once _copies has met one) in C.
 """
 from __future__ import annotations
 
@@ -45,18 +21,17 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _kernels, _node_call, _wait, internode, kernels, topology
+from . import _node_call, _wait, internode, topology
 from ._front import Front, rail_shape_key
 from ._node_call import Collective, Protocol, cache_chunk_bytes
 from .arrays import Array, inspect
-from .copies import CudaCopies, HostCopies, caller_ready, finished
+from .copies import CudaCopies, caller_ready
 from .errors import HFRError, HFRTimeoutError, MismatchError
 from .ops import DTYPES, Op, as_op, dtype_code, op_code
 from .shm import ROW_WORDS, Segment
@@ -139,7 +114,6 @@ class Engine:
         self.comm, self.node_comm, self.rail_comm = comm, node_comm, rail_comm
         self.chunk_bytes, self.timeout, self.threads, self.algo = chunk_bytes, timeout, threads, algo
         self.segment = Segment(node_comm, chunk_bytes, STAGES)
-        self._reduce = kernels.unchecked_reducer()  # our slots and slices are valid by construction
         # The node's share of its host's last-level cache (HFR_CACHE_BYTES, else sysfs's), the same on
         # every rank of the node: a host array's call on one node is cut into chunks whose stages in
         # flight fit half of it (hfr/_node_call.pyx).
@@ -162,16 +136,12 @@ class Engine:
         self._rail_shapes: dict[tuple, Any] = {}
         self._report_room = max(layout.local_size, layout.nnodes)  # ranks in one report of who never came
         self._rail_scratch = np.empty(0, np.uint8)
-        self._host = HostCopies(threads)
         self._cuda: Optional[CudaCopies] = None
-        self._copies_out: deque = deque()  # (sequence number, token) of copies out not yet CONSUMED
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._queue_lock = threading.Lock()  # orders a call's queueing against the progress thread's stop
         self._stopped = False  # the progress thread takes no more calls: a call queued now is refused
-        # Admission, the running lock and the blocking allreduce, in C (hfr/_front.pyx); calls run in C
-        # (_run says which) with the Cython kernels: front.in_c.
-        self.front = Front(self._node_call, self, layout.rank, layout.nnodes, self.chunk, self._rail_shapes,
-                           self._reduce is _kernels.reduce)
+        # Admission, the running lock and the blocking allreduce, in C (hfr/_front.pyx)
+        self.front = Front(self._node_call, self, layout.rank, layout.nnodes, self.chunk, self._rail_shapes)
         self._thread = threading.Thread(target=self._serve, name=f"hfr-progress-{layout.rank}", daemon=True)
         self._thread.start()
 
@@ -326,162 +296,17 @@ class Engine:
             return self._failed(call, failure)
 
     def _run(self, call: Call) -> None:
-        """Run the call on this thread; CUDA work runs on x's device, whatever device is current."""
-        x = call.x
-        # In C (hfr/_node_call.pyx), with the Cython kernel: every call, a CUDA array's staged (its copies
-        # queued on streams) where it has elements.
-        in_c = self.front.in_c and (x.kind == "numpy" or call.nbytes > 0)
-        if in_c and x.kind == "numpy":
+        """Run the call on this thread, in C; CUDA work runs on x's device, whatever device is current."""
+        if call.x.kind == "numpy":
             self._run_in_c(call, None)
             return
-        with self._cuda_device(x):
-            copies = self._copies(x)
-            try:
-                if in_c:
-                    self._run_in_c(call, copies)
-                else:
-                    self._run_chunks(call, copies)
-            except BaseException:
-                copies.drain()  # our copies still reading x or writing out end before the caller has them back
-                raise
-
-    def _run_chunks(self, call: Call, copies) -> None:
-        descriptor = self._announce(call)
-        layout, segment = self.layout, self.segment
-        x, out, root = call.x, call.out, call.root
-        copies.begin(call.ready, x.stream)
-        itemsize = x.dtype.itemsize
-        cuts = self._node_call.chunks(call.elements, itemsize)
-        nchunks = len(cuts)
-        base = self._node_call.chunks_done
-        root_node = layout.rank_nodes[root]
-        is_root = layout.rank == root
-        # Who copies what where, for this collective.
-        x_at, out_at = call.places(layout.rank)
-        # broadcast's root data and allgather's shards go straight to the result slot
-        into_result = call.collective in ("broadcast", "allgather")
-        deposits = call.collective != "broadcast" or is_root
-        if call.collective == "reduce":
-            copies_out = is_root
-        elif call.collective == "broadcast":
-            copies_out = not (is_root and out.address == x.address)
-        else:
-            copies_out = True
-        algo = self._algo_for(call) if layout.nnodes > 1 else None
-        folded = self._folded(call)
-        pending_in: dict[int, Any] = {}
-
-        # A host array's own slice is read by its owner straight from x: only the others are copied in;
-        # all of x in a whole call (the terms above), whose ranks in C reduce their out from the slots.
-        whole = layout.nnodes == 1 and call.nbytes <= WHOLE_UP_TO_BYTES
-        own_slice_from_x = x.kind == "numpy" and not into_result and not whole
-        straight_to_out = self._result_in_out(call)
-        copies_out = copies_out and not straight_to_out
-
-        def deposit(c: int) -> None:
-            g = base + c
-            first, count, lo, hi = cuts[c]
-            start, nbytes = first * itemsize, count * itemsize
-            if not into_result:
-                where = f"{call.collective} chunk {c + 1}/{nchunks}"
-                self._wait_all(REDUCED, g - STAGES + 1, f"{where}: the node's ranks to finish reading our input slot")
-            dst = segment.result(g % STAGES) if into_result else segment.slot(g % STAGES, layout.local_rank)
-            if own_slice_from_x:
-                copies.to_segment(dst[: lo * itemsize], x.flat, start)
-                pending_in[c] = copies.to_segment(dst[hi * itemsize : nbytes], x.flat, start + hi * itemsize)
-                return
-            a, b = max(first, x_at), min(first + count, x_at + x.size)  # x's part of the chunk
-            if a < b:
-                pending_in[c] = copies.to_segment(dst[(a - first) * itemsize : (b - first) * itemsize], x.flat,
-                                                  (a - x_at) * itemsize)
-
-        if deposits and not into_result:
-            for c in range(min(STAGES, nchunks)):
-                deposit(c)
-        # The check waits for the node's ranks while our first copies run; it is settled before this
-        # rank publishes chunk 0's arrival, so a mismatch leaves the node's counters and the sequence
-        # numbers where they were, the same on every rank, for the next call (a folded call settles it
-        # after ARRIVED, with its slice, and ends the chunk on a mismatch: the same on every rank too).
-        settle = self._check(call, descriptor)
-        if nchunks == 0:
-            settle()
-        for c in range(nchunks):
-            g = base + c
-            stage = g % STAGES
-            first, count, lo, hi = cuts[c]
-            where = f"{call.collective} chunk {c + 1}/{nchunks}"
-            if deposits and into_result:
-                self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out")
-                deposit(c)
-            if c in pending_in:
-                copies.wait(pending_in.pop(c))  # our own copy: it finishes whatever the peers do
-            if c == 0 and not folded:  # before any counter moves: a mismatch then leaves every rank's counters
-                settle()  # as they were
-            self._publish(ARRIVED, g + 1)
-            self._wait_all(ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in")
-            self._wait_all(CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out")
-            if straight_to_out:
-                result = out.flat[first : first + count]
-            else:
-                result = segment.result(stage)[lo * itemsize : hi * itemsize].view(x.dtype)
-            deadline = time.monotonic() + self.timeout
-            if call.collective == "broadcast":
-                if layout.nnodes > 1:
-                    internode.broadcast(self.rail_comm, result, first + lo, root_node, deadline=deadline)
-            elif call.collective == "allgather":
-                if layout.nnodes > 1:
-                    internode.allgather(self.rail_comm, result, first + lo, [r * x.size for r in layout.node_ranks],
-                                        x.size, algo=algo, deadline=deadline, threads=self.threads)
-            else:
-                inputs = [segment.slot(stage, j)[lo * itemsize : hi * itemsize].view(x.dtype)
-                          for j in range(layout.local_size)]
-                if own_slice_from_x:
-                    inputs[layout.local_rank] = x.flat[first + lo : first + hi]
-                # avg: the node's sum divided by every rank's count, here, once (so across nodes the
-                # partial means are summed: no half-type overflow where the mean fits).
-                kernel_op = Op.SUM if call.op is Op.AVG else call.op
-                if folded:  # our slice goes with the vote, in its record; a mismatch then ends the chunk
-                    record = self._vote_record.data(hi - lo, x.dtype)
-                    self._reduce(record, inputs, call.op, self.threads, layout.size)
-                    settle(self._rail_schedules(call, stage)[0],
-                           on_mismatch=lambda: self._end_chunk_unused(g, where))
-                    result[...] = record
-                else:
-                    if call.op is Op.AVG or not (straight_to_out and out.address == x.address):
-                        self._reduce(result, inputs, call.op, self.threads, layout.size)
-                    if layout.nnodes > 1 and call.collective in ("allreduce", "reduce_scatter"):
-                        internode.allreduce(self.rail_comm, result, first + lo, kernel_op, algo=algo,
-                                            deadline=deadline, threads=self.threads)
-                    elif layout.nnodes > 1:
-                        internode.reduce(self.rail_comm, result, first + lo, kernel_op, root_node, algo=algo,
-                                         deadline=deadline, threads=self.threads)
-            self._publish(REDUCED, g + 1)
-            self._wait_all(REDUCED, g + 1, f"{where}: the node's ranks to finish their slices")
-            token = None
-            a, b = max(first, out_at), min(first + count, out_at + out.size)  # out's part of the chunk
-            if copies_out and a < b:
-                token = copies.from_segment(out.flat, (a - out_at) * itemsize,
-                                            segment.result(stage)[(a - first) * itemsize : (b - first) * itemsize])
-            self._copies_out.append((g, token))
-            self._retire_copies_out()
-            if deposits and not into_result and c + STAGES < nchunks:
-                deposit(c + STAGES)
-        while self._retire_copies_out():
-            copies.wait(self._copies_out[-1][1])  # copies out finish in order: the last one last
-        self._node_call.chunks_done = base + nchunks
-
-    def _end_chunk_unused(self, g: int, where: str) -> None:
-        """A folded call's mismatch: every rank of the node has ARRIVED for chunk g; end it with no result
-        (REDUCED, CONSUMED), as hfr/_node_call.pyx does, so the node's counters agree for the next call."""
-        self._publish(REDUCED, g + 1)
-        self._wait_all(REDUCED, g + 1, f"{where}: the node's ranks to finish their slices")
-        self._publish(CONSUMED, g + 1)  # no copy out is pending: every call retires its own
-        self._node_call.chunks_done = g + 1
+        with self._cuda_device(call.x):
+            self._run_in_c(call, self._copies(call.x))
 
     def _run_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
-        """The steps of _run_chunks in C, with the GIL released throughout (across nodes with the rail's vote
-        and each chunk's rail schedule polled in C too). With copies (a CUDA array) the call is staged in C
-        (hfr/_node_call.pyx): x's chunks copied into our input slots and our part of the result out, on the
+        """The call's chunk loop in C (hfr/_node_call.pyx), with the GIL released throughout (across nodes
+        with the rail's vote and each chunk's rail schedule polled in C too). With copies (a CUDA array) the
+        call is staged: x's chunks copied into our input slots and our part of the result out, on the
         streams copies.streams names."""
         x, out, g = call.x, call.out, self._node_call.chunks_done
         cuda, to_host, to_device, staging = None, 0, 0, 0
@@ -506,7 +331,7 @@ class Engine:
 
     def _result_in_out(self, call: Call) -> bool:
         """Whether each chunk's result is made in out itself, not in the result slot (in_out, as
-        hfr/_node_call.pyx says), in C and in the Python loop alike: across nodes, a host array's allreduce
+        hfr/_node_call.pyx says): across nodes, a host array's allreduce
         with one rank a node, whose data is its node's sum (two copies fewer a chunk, the same bits), unless
         its rail schedules are kept per call shape (_kept), over the result slot."""
         return (self.layout.nnodes > 1 and self.layout.local_size == 1 and call.x.kind == "numpy"
@@ -559,9 +384,9 @@ class Engine:
                 internode.schedule_what(algo, to))
 
     def _folded(self, call: Call) -> bool:
-        """Whether the call's one chunk goes over the rail with the call check's vote (folded, the terms
-        above), in C or in the Python loop alike: the same answer on every rank that made this call (its
-        size, the algo and the settings agreed when the Communicator was made)."""
+        """Whether the call's one chunk goes over the rail with the call check's vote (folded, in
+        hfr/_node_call.pyx's terms): the same answer on every rank that made this call (its size, the algo
+        and the settings agreed when the Communicator was made)."""
         return (self.layout.nnodes > 1 and call.collective in _REDUCING
                 and 0 < call.nbytes <= min(_FOLDED_UP_TO_BYTES, self.chunk) and self._algo_for(call) == "doubling")
 
@@ -598,8 +423,8 @@ class Engine:
         return self._vote, [rail], False
 
     def _c_call_failed(self, call: Call, outcome: int, g: int, vote, rails) -> None:
-        """Raise what the outcome of a call in C from chunk g on means, as the Python loop would have at the
-        same step (NodeCall counted the call and its chunks as that loop would)."""
+        """Raise what the outcome of a call in C from chunk g on means (NodeCall counted the call, and its
+        chunks where they ended)."""
         Outcome = _node_call.Outcome
         if outcome == Outcome.WAIT_CALL:
             raise self._timed_out(f"{call.collective}: the node's ranks to make the call",
@@ -658,50 +483,7 @@ class Engine:
             return self.algo
         return internode.choose_algo(call.elements * call.x.dtype.itemsize, self.layout.nnodes)
 
-    # --- agreement before any data moves ------------------------------------------------------
-    def _announce(self, call: Call) -> list[int]:
-        """Write this call's descriptor into our control row and say so; returns the descriptor."""
-        mine = call.descriptor()
-        self._node_call.announce(mine)
-        return mine
-
-    def _check(self, call: Call, mine: list[int]) -> Callable[..., None]:
-        """Start checking that every rank announced the same call. Returns settle(), which raises
-        MismatchError on every rank unless they did: call it once, before any counter but ANNOUNCED
-        moves and before anything reaches the caller's arrays. Across nodes settle() runs a small vote
-        on the rail. A folded call calls settle(vote, on_mismatch) after ARRIVED instead, with the vote
-        that carries its slice; on_mismatch ends the chunk before the MismatchError is raised."""
-        column = self._node_call.descriptor_column
-        self._wait_all(ANNOUNCED, self._node_call.calls_done + 1, f"{call.collective}: the node's ranks to make the call")
-        rows = self.segment.control[:, column : column + len(mine)].tolist()  # plain ints: cheap
-        self._node_call.calls_done += 1
-        differs = any(row != rows[0] for row in rows)
-
-        def settle(vote: Any = None, on_mismatch: Callable[[], None] = lambda: None) -> None:
-            mismatch = differs
-            if self.layout.nnodes > 1:
-                # One small max-allreduce over the rail (doubling, in C): any node that differs, or nodes
-                # that differ. Run here, once the node's first copies are done, not polled meanwhile:
-                # MPI's own Iallreduce cost 2-3x more than the whole doubling (bench/RESULTS.md).
-                votes = self._vote_record.votes
-                votes[:] = [int(differs), *rows[0], *(-v for v in rows[0])]
-                if vote is None:
-                    vote = self._vote
-                    vote.rewind()
-                try:
-                    internode.vote(self.rail_comm, vote, deadline=time.monotonic() + self.timeout)
-                except HFRTimeoutError as error:
-                    raise self._timed_out(f"the call check ({error})", None, error.rail_peers) from None
-                n = len(mine)
-                mismatch = bool(votes[0]) or bool((votes[1 : 1 + n] != -votes[1 + n :]).any())
-            if mismatch:
-                on_mismatch()
-                self._raise_mismatch(mine)
-
-        if differs:  # this node's ranks disagree on the chunks to come: settle before any chunk wait
-            settle()
-        return settle
-
+    # --- failures ------------------------------------------------------------------------------
     def _raise_mismatch(self, mine: list[int]) -> None:
         """Gather every rank's descriptor and raise MismatchError naming what differs (every rank calls it)."""
         table = np.empty((self.layout.size, len(mine)), np.int64)
@@ -744,16 +526,9 @@ class Engine:
             internode.keep_for_good(request, *buffers)
             raise
 
-    def _retire_copies_out(self) -> bool:
-        """Publish CONSUMED for the copies out that have finished, in order; True if some remain."""
-        while self._copies_out and finished(self._copies_out[0][1]):
-            g, _ = self._copies_out.popleft()
-            self._publish(CONSUMED, g + 1)
-        return bool(self._copies_out)
-
     def _wait(self, ready: Callable[[], bool], what: str, laggards: Optional[Callable[[], list]] = None,
               spin: Optional[Callable[[float], bool]] = None) -> None:
-        """Poll ready() until it holds, keeping copies out retired; HFRTimeoutError after the timeout.
+        """Poll ready() until it holds; HFRTimeoutError after the timeout.
 
         spin(seconds), where given, waits up to that long for the same condition with the GIL
         released. Otherwise polls yield the CPU, then sleep with a growing pause (ranks may share
@@ -763,7 +538,6 @@ class Engine:
         deadline = time.monotonic() + self.timeout
         polls, pause = 0, 0.0
         while True:
-            self._retire_copies_out()
             _wait.check()  # a signal handler's exception, or close() from one, ends the call
             if ready() or (spin is not None and spin(SPIN_SLICE_S)):
                 self.segment.sync()

@@ -16,7 +16,7 @@ import numpy as np
 
 from .ops import Op, OpLike, accumulation_dtype, as_dtype, as_op, is_float
 
-__all__ = ["reduce_into", "unchecked_reducer", "backend_name", "available_backends", "simd", "BACKENDS"]
+__all__ = ["reduce_into", "backend_name", "available_backends", "simd", "BACKENDS"]
 
 BACKENDS = ("cython", "numba", "numpy")
 KERNEL_OPS = (Op.SUM, Op.MAX, Op.MIN, Op.PROD)  # the ops that combine; AVG is SUM then one division
@@ -139,14 +139,6 @@ def reduce_into(
     fn = _choose(backend)
     fn(out_flat, flats, op, _threads(threads), divisor)
     return out
-
-
-def unchecked_reducer(backend: Optional[str] = None) -> ReduceFn:
-    """The backend's own fn(out, inputs, op, threads, divisor=1), without check_arguments (which costs
-    ~10 us a call): for callers whose arguments are known good, as the engine's slots are: 1-D
-    C-contiguous arrays of one supported dtype and size, out being inputs[0] or overlapping none, op a
-    KERNEL_OPS member or AVG (float dtypes only, divided by divisor), threads >= 1."""
-    return _choose(backend)
 
 
 def backend_name(backend: Optional[str] = None) -> str:

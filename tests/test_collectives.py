@@ -27,16 +27,6 @@ def test_the_front_runs_small_host_allreduces_and_hands_the_rest_to_the_engine(n
     assert out.count("front ok") == nprocs
 
 
-@pytest.mark.parametrize("nprocs,local_size", [(3, None), (4, 2), (3, 1)])
-def test_calls_in_c_and_in_the_python_loop_work_together(nprocs, local_size):
-    """One-chunk calls run in C (hfr/_node_call.pyx; across nodes those that reduce, with doubling or
-    halving on the rail); with rank 1 taking the Python loop for all of them, every collective still gives
-    the slot-order bits, calls after calls, on one node and across nodes."""
-    cfg = {"chunk_bytes": [4096, 1 << 20], "sizes": [1, 7, 3001, 70001], "dtypes": ["float32", "bfloat16", "int8"],
-           "python_loop_ranks": [1], "local_size": local_size}
-    assert "collectives ok" in run_mpi(nprocs, "collectives_worker.py", json.dumps(cfg), timeout=240).stdout
-
-
 def test_a_whole_call_is_not_overwritten_by_the_next_calls_copies_ahead():
     """A whole call's rank reduces its out from the input slots and may leave while a slower rank still
     reads them; the next call, of three chunks, copies its third chunk into that stage before its call
@@ -60,11 +50,10 @@ def test_every_inter_node_algo_through_the_engine(algo):
 @pytest.mark.parametrize("algo", ["dbtree", "ring", "halving"])
 def test_one_rank_a_node_makes_each_chunk_in_out_itself(algo):
     """3 emulated nodes of 1 rank: an allreduce's chunks are made in out itself, where the rail works on
-    them (in C, and on rank 1 in the engine's Python loop, in the same calls); right results, in place
-    and not, and but for ring the same bits for any chunk size."""
+    them; right results, in place and not, and but for ring the same bits for any chunk size."""
     cfg = {"local_size": 1, "chunk_bytes": [4096, 1 << 20] if algo != "ring" else [4096], "sizes": [0, 7, 100003],
            "dtypes": ["float32", "bfloat16", "int64"], "ops": ["sum", "avg", "max"],
-           "collectives": ["allreduce", "reduce"], "python_loop_ranks": [1]}
+           "collectives": ["allreduce", "reduce"]}
     out = run_mpi(3, "collectives_worker.py", json.dumps(cfg), env={"HFR_ALGO": algo}, timeout=240).stdout
     assert "collectives ok" in out
 

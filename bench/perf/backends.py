@@ -79,11 +79,8 @@ class HfrBackend:
     def describe(self) -> str:
         c = self.comm
         settings = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("HFR_"))
-        reducer = kernels.backend_name()
-        if reducer == "cython":
-            reducer += f" {kernels.simd()}"  # the SIMD level it runs here
         return (f"hfr {hfr.__version__}: {c.nnodes} node(s) x local size {c.local_size}, chunk {c.chunk_bytes} B, "
-                f"kernels {reducer}; env {settings or '(no HFR_* set: defaults)'}")
+                f"kernels cython {kernels.simd()}; env {settings or '(no HFR_* set: defaults)'}")
 
     def allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:
         self.comm.allreduce(send, op=op, out=None if send is recv else recv)

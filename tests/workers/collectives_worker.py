@@ -2,7 +2,7 @@
 
 argv[1]: a JSON object of settings: sizes, dtypes, ops, chunk_bytes (list, compared bitwise),
 local_size (or null), collectives (reduce_scatter's x holds size x count elements, allgather's out
-too), python_loop_ranks (ranks whose calls all take the engine's Python loop, not the C path). Each rank builds its input from (seed, rank), every rank gathers
+too). Each rank builds its input from (seed, rank), every rank gathers
 every input and computes the expected result itself: bitwise for one node (slot order is rank order),
 within a float tolerance across nodes (tree order), exact for integers and for max/min.
 """
@@ -26,10 +26,6 @@ ops = [Op(o) for o in cfg.get("ops", [o.value for o in Op])]
 sizes = cfg.get("sizes", [0, 1, 7, 100003])
 collectives = cfg.get("collectives", ["allreduce", "reduce", "broadcast", "reduce_scatter", "allgather"])
 comms = [hfr.Communicator(world, local_size=cfg.get("local_size"), chunk_bytes=c) for c in cfg.get("chunk_bytes", [None])]
-if rank in cfg.get("python_loop_ranks", []):  # these ranks run every call through the engine's Python loop
-    for comm in comms:
-        if comm._engine is not None:
-            comm._engine.front.in_c = False
 POISON = 0x5A
 
 

@@ -170,21 +170,6 @@ if size > 1:  # one rank has no engine: its calls return x (or a copy)
         assert float(cp.asnumpy(x).max()) == rank + 1.0, what
     comm._engine.run_held = run_held
 
-# One-chunk calls in C beside a rank whose calls take the Python loop (rank 1): the same bits.
-mixed = hfr.Communicator(world, chunk_bytes=1 << 20)
-if rank == 1:
-    mixed._engine.front.in_c = False
-for collective, count in (("allreduce", 7), ("allreduce", 100003), ("reduce_scatter", 1001), ("reduce", 33)):
-    seed += 1
-    host = make_input(np.dtype(np.float32), Op.SUM, count * (size if collective == "reduce_scatter" else 1), seed)
-    shard = np.empty(count, np.float32) if collective == "reduce_scatter" else None
-    want = getattr(mixed, collective)(host.copy(), **({"out": shard} if shard is not None else {}))
-    x = cp.asarray(host)
-    got = getattr(mixed, collective)(x, **({"out": cp.full(count, 7, np.float32)} if shard is not None else {}))
-    if collective != "reduce" or rank == 0:
-        assert np.array_equal(cp.asnumpy(got).view(np.uint8), want.view(np.uint8)), f"mixed {collective} {count}"
-mixed.close()
-
 # Several in flight, reduce and broadcast.
 xs = [cp.full(300000 + i, rank + i, cp.float32) for i in range(4)]
 works = [comm.allreduce_async(x) for x in xs]

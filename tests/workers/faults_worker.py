@@ -8,8 +8,7 @@ refusal   a check that holds on some ranks only (x writable where it receives: t
           the refusing rank raises its error, the others MismatchError naming it; the next call is right.
 rounds    argv[2] rounds of a mismatch (a whole node differing, or one rank) then a matched call that
           one rank joins late, every element checked: the call after a failure is where state bugs hide.
-          With argv[3], that rank runs every call through the engine's Python loop, the others in C;
-          with FAULT_ARRAY=cupy on CuPy arrays (tests/test_cupy.py).
+          With FAULT_ARRAY=cupy on CuPy arrays (tests/test_cupy.py).
 timeout   the last rank never calls argv[2] (allreduce by default): the others get HFRTimeoutError within the timeout plus a few
           seconds, naming the last rank (across nodes too), and the communicator then refuses calls with HFRError; every rank exits. With argv[2]
           "rail" (nodes of one rank) the last rank calls allreduce but leaves out its step on the rail
@@ -109,8 +108,6 @@ elif scenario == "refusal":
     comm.close()
 elif scenario == "rounds":
     layout = f"{comm.nnodes} x {comm.local_size}"
-    if len(sys.argv) > 3 and rank == int(sys.argv[3]):
-        comm._engine.front.in_c = False
     on_device = on_host = np.asarray
     if os.environ.get("FAULT_ARRAY") == "cupy":
         import cupy

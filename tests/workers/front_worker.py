@@ -99,7 +99,7 @@ for what, make in [
     check(lambda: make(values(n, np.float32, seed)), n, np.float32, "sum", seed,
           by_python=not what.startswith("in C"), what=what)
 seed += 1
-big = 4096 // 4 + 1  # past one chunk: in C on one node, by the engine's Python loop across nodes
+big = 4096 // 4 + 1  # past one chunk across nodes: the engine runs it
 check(lambda: comm.allreduce(values(big, np.float32, seed)), big, np.float32, "sum", seed, by_python=comm.nnodes > 1,
       what="two chunks")
 seed += 1

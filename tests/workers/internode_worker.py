@@ -207,7 +207,7 @@ def check_vote_records() -> None:
             internode.allreduce(COMM, buf, 0, op, algo="doubling", deadline=deadline())
             assert digest(record.data(mine, dtype)) == digest(buf), f"round {round_}: bits differ from doubling's"
             check_close(record.data(mine, dtype), expected(dtype, op, mine, case), dtype, op, f"round {round_}")
-        plain_votes.rewind()  # a bare vote (no data) after each round, as the engine's Python loop runs
+        plain_votes.rewind()  # a bare vote (no data) after each round, as the engine runs
         record.votes[:] = round_
         assert plain_votes.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
         assert (record.votes == round_).all(), f"round {round_}: the bare vote gave {record.votes}"

@@ -43,8 +43,7 @@ def values(dtype, count):
 
 
 def spy(comm, method):
-    """The calls that comm's engine hands to method: run_held (every call the front does not run in C), or
-    _run_chunks (the engine's Python loop)."""
+    """The calls that comm's engine hands to method: run_held (every call the front does not run)."""
     calls, run = [], getattr(comm._engine, method)
     setattr(comm._engine, method, lambda call, *rest: (calls.append(call), run(call, *rest))[1])
     return calls
@@ -53,7 +52,7 @@ def spy(comm, method):
 def check_calls(comm, counts, repeat, front=True):
     """Allreduces of CuPy arrays, against the host path: every one in C; with front, the last of each shape
     of one chunk through the front (across nodes it takes those by doubling or halving)."""
-    python_calls, python_loop = spy(comm, "run_held"), spy(comm, "_run_chunks")
+    python_calls = spy(comm, "run_held")
     for count in counts:
         for dtype in (np.float32, np.float16, np.int32):
             for op in ("sum", "avg", "max"):
@@ -75,7 +74,6 @@ def check_calls(comm, counts, repeat, front=True):
                     several = count * np.dtype(dtype).itemsize > comm._engine.chunk
                     assert several or not front or len(python_calls) == before, (rank, count, dtype, op, placement,
                                                                                 "not the front")
-    assert not python_loop, (rank, "took the Python loop", python_loop[0].describe(rank))
 
 
 def communicator(**kwargs):
@@ -95,8 +93,7 @@ if mode == "calls":
     check_calls(comm, (1, 7, 1024, 1025, 3001, 30001, 300007), 1 if comm.nnodes == 1 else 4, front)
     # reduce_scatter, reduce, allgather and broadcast in C through the engine; async calls (on the engine's
     # streams); several chunks
-    python_loop = spy(comm, "_run_chunks")
-    for count in (1, 7, 257, 3001, 300007):
+    for count in (0, 1, 7, 257, 3001, 300007):
         host = values(np.float32, count)
         want = comm.allgather(host.copy(), np.empty(count * size, np.float32))
         got = comm.allgather(cupy.asarray(host), cupy.asarray(np.full(count * size, 7, np.float32)))
@@ -116,20 +113,9 @@ if mode == "calls":
         want = comm.allreduce(host.copy())
         got = comm.allreduce_async(cupy.asarray(host)).wait(timeout=60)
         assert np.array_equal(cupy.asnumpy(got), want), ("async", count)
-    assert not python_loop, (rank, "took the Python loop", python_loop[0].describe(rank))
-    # one rank in the Python loop beside ranks in C: the same bits
-    mixed = communicator()
-    if rank == 1:
-        mixed._engine.front.in_c = False
-    for count in (7, 1024, 3001, 30001, 300007):
-        host = values(np.float32, count)
-        want = mixed.allreduce(host.copy())
-        got = mixed.allreduce(cupy.asarray(host))
-        assert np.array_equal(cupy.asnumpy(got), want), ("mixed", count)
-    mixed.close()
     # one call, rank 0's array on the host and the others' on the device: every rank cuts it into the same
     # chunks (cache chunks of 256 KiB where the host's ranks fit its cores: HFR_CACHE_BYTES), whichever path
-    # runs it, a host array's call in C or a CUDA array's staged in C or in the Python loop
+    # runs it, a host array's call or a CUDA array's staged one
     os.environ["HFR_CACHE_BYTES"] = "2M"
     kinds = communicator()
     del os.environ["HFR_CACHE_BYTES"]
@@ -144,7 +130,6 @@ if mode == "calls":
     print(f"rank {rank}: staged calls ok", flush=True)
 elif mode == "mismatch":
     comm = communicator(timeout=30)
-    python_loop = spy(comm, "_run_chunks")
     for round_ in range(12):
         count = (7, 3001, 300007)[round_ % 3]
         mine = count + (round_ % 2 + 1 if rank == 0 else 0)  # rank 0's count differs
@@ -161,7 +146,6 @@ elif mode == "mismatch":
         want = comm.allreduce(host.copy())
         got = comm.allreduce(cupy.asarray(host))
         assert np.array_equal(cupy.asnumpy(got), want), (rank, round_, count, "the call after a mismatch")
-    assert not python_loop, (rank, "took the Python loop", python_loop[0].describe(rank))
     comm.close()
     print(f"rank {rank}: mismatch rounds ok", flush=True)
 elif mode == "cancel":
