@@ -22,24 +22,24 @@ other chunks are reduced, travel and are copied back.
 
 The steps (a cache chunk is copied in, reduced and copied out while it is still in the cache).
 Chunk c of the call is chunk g = first_chunk + c of the Communicator and uses stage g % STAGES.
-  announce   write the call's descriptor into our control row, then ANNOUNCED
-  copy in    into our input slot, for each of the call's first STAGES chunks before the check and for chunk
-             c + STAGES once chunk c is copied out, the parts of x the others reduce (our own slice is read
-             from x; all of x in a whole call, below), once every rank has REDUCED the chunk that used the
-             slot before; broadcast's root and allgather's shards go to the result slot instead, once
-             every rank has CONSUMED the chunk that used it before
-  check      wait until every rank has ANNOUNCED, compare the descriptors; across nodes, vote on the rail
-             (a max-allreduce of every node's verdict and descriptor). A difference returns before any
-             other counter moves, so every rank's counters stay as they were (a folded call's, below, once
-             its chunk is ended)
-  reduce     per chunk: ARRIVED, then our slice of the inputs into the result slot (avg divided there);
-             across nodes, the slice's allreduce (a reduce's reduce, a broadcast's broadcast from the root's
-             node, an allgather's allgather) over the rail; then REDUCED (of a whole call, below, only once done reading the input
-             slots)
-  copy out   per chunk, once every rank has REDUCED: our part of the result slot into out, then CONSUMED. A
-             whole call (WHOLE_UP_TO_BYTES, one node; out on the host, or a CUDA array's staging) instead
-             reduces out's part straight from the input slots, which hold all of every rank's x (the same
-             kernel in the same slot order: the same bits), without waiting for the others' REDUCED
+  announce         write the call's descriptor into our control row, then ANNOUNCED
+  copy in          into our input slot, for each of the call's first STAGES chunks before the check and for
+                   chunk c + STAGES once chunk c is copied out, the parts of x the others reduce (our own
+                   slice is read from x; all of x in a whole call, below), once every rank has REDUCED the
+                   chunk that used the slot before; broadcast's root and allgather's shards go to the result
+                   slot instead, once every rank has CONSUMED the chunk that used it before
+  check            wait until every rank has ANNOUNCED, compare the descriptors; across nodes, vote on the
+                   rail (a max-allreduce of every node's verdict and descriptor). A difference returns before
+                   any other counter moves, so every rank's counters stay as they were (a folded call's,
+                   below, once its chunk is ended)
+  reduce the node  per chunk: ARRIVED, then our slice of the inputs into the result slot (avg divided there)
+  cross nodes      per chunk, across nodes: the slice's allreduce (a reduce's reduce, a broadcast's broadcast
+                   from the root's node, an allgather's allgather) over the rail
+  copy out         per chunk: REDUCED, then, once every rank has REDUCED, our part of the result slot into
+                   out, then CONSUMED. A whole call (WHOLE_UP_TO_BYTES, one node; out on the host, or a CUDA
+                   array's staging) instead reduces out's part straight from the input slots, which hold all
+                   of every rank's x (the same kernel in the same slot order: the same bits), and publishes
+                   REDUCED only then, without waiting for the others'
 Stores: plain (cached) while what they write is read again soon from the cache, non-temporal (streamed
 past it) where the call's working set on the node does not fit half the cache (_stores).
 A *folded* call (across nodes; the engine says which) sends its slice with the vote, in the vote's record
@@ -409,8 +409,8 @@ cdef inline void _bounds(Node* node, Plan* p, Py_ssize_t c, Py_ssize_t* first, P
     _cut(node, p.chunk, p.total, p.itemsize, c, first, count, lo, hi)
 
 
-cdef int _deposit(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
-    """Copy in chunk c (the module's docstring): WAITED, or what stopped it."""
+cdef int _copy_in(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
+    """Copy in, chunk c (the module's docstring): WAITED, or what stopped it."""
     cdef int64_t g = p.first_chunk + c
     cdef char* stage = _stage(node, g)
     cdef char* dst
@@ -422,22 +422,22 @@ cdef int _deposit(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
         if waited != WAITED:
             return waited
         a, b = max(first, p.x_at), min(first + count, p.x_at + p.x_nbytes)
-        waited = _copy_in(node, p, stage + node.local_size * node.slot_bytes + a - first, p.x + a - p.x_at, b - a)
+        waited = _into_segment(node, p, stage + node.local_size * node.slot_bytes + a - first, p.x + a - p.x_at, b - a)
         return _copied_in(p, g) if waited == WAITED else waited
     waited = _wait_all(node, REDUCED, g - STAGES + 1, WAIT_INPUT_SLOT)
     if waited != WAITED:
         return waited
     dst = stage + node.local_rank * node.slot_bytes
     if p.whole or p.cuda != NULL:  # all of the chunk (a whole call's: all of x)
-        waited = _copy_in(node, p, dst, p.x + first, count)
+        waited = _into_segment(node, p, dst, p.x + first, count)
     else:  # our own slice is read from x
-        waited = _copy_in(node, p, dst, p.x + first, lo)
+        waited = _into_segment(node, p, dst, p.x + first, lo)
         if waited == WAITED:
-            waited = _copy_in(node, p, dst + hi, p.x + first + hi, count - hi)
+            waited = _into_segment(node, p, dst + hi, p.x + first + hi, count - hi)
     return _copied_in(p, g) if waited == WAITED else waited
 
 
-cdef int _copy_in(Node* node, Plan* p, char* dst, char* src, Py_ssize_t nbytes) noexcept nogil:
+cdef int _into_segment(Node* node, Plan* p, char* dst, char* src, Py_ssize_t nbytes) noexcept nogil:
     """dst[:nbytes] = x's bytes at src, into the segment: copied, or staged, queued. WAITED or what stopped it."""
     cdef int error
     if nbytes <= 0:
@@ -454,7 +454,7 @@ cdef int _copied_in(Plan* p, int64_t g) noexcept nogil:
     return _cuda_failed(p, error, CUDA_COPY_IN) if error else WAITED
 
 
-cdef int _copy_out(Node* node, Plan* p, int64_t g, char* src, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+cdef int _to_out(Node* node, Plan* p, int64_t g, char* src, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
     """Out's part [a, b) of chunk g's result, at src, into out: copied, then CONSUMED; staged, queued, with the
     event after it (_retire publishes CONSUMED once it ran). WAITED or what stopped it."""
     cdef int error = 0
@@ -592,21 +592,78 @@ cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
     return outcome
 
 
-cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
-    """The call: announce, the first copies in, check, then per chunk reduce and copy out (the module's
-    docstring); DONE, or the outcome that stopped it at chunk p.at."""
-    cdef Py_ssize_t c, first, count, lo, hi, a, b
-    cdef int64_t g
-    cdef char* slots
+cdef inline char* _result(Node* node, Plan* p, int64_t g, Py_ssize_t first) noexcept nogil:
+    """Where chunk g (its first byte `first`) is reduced to: its stage's result slot, or out itself (in_out)."""
+    return p.out + first if p.in_out else _stage(node, g) + node.local_size * node.slot_bytes
+
+
+cdef int _reduce_node(Node* node, Plan* p, Py_ssize_t c, Rail* vote) noexcept nogil:
+    """Reduce the node, chunk c: ARRIVED, then our slice of the inputs, in slot order, into the chunk's result
+    (a folded call's slice came back with the vote instead). WAITED or what stopped it."""
+    cdef int64_t g = p.first_chunk + c
+    cdef Py_ssize_t first, count, lo, hi
     cdef char* result
-    cdef char* made
     cdef char* own
+    cdef int waited
+    _bounds(node, p, c, &first, &count, &lo, &hi)
+    result = _result(node, p, g, first)
+    if p.arrived:
+        return NO_MEMORY if _copy(node, result + lo, vote.call.buf, hi - lo, p.slot_stores) else WAITED
+    waited = _arrive(node, p, g)
+    if waited != WAITED or p.into_result or hi <= lo:  # a whole call's slice too: others may read it there
+        return waited
+    own = _own(node, p, g, first)
+    if p.in_out and own == result and p.divisor == 1:  # one rank a node, in place: x is its node's sum
+        return WAITED
+    if _reduce_slice(node, p, result + lo, own, _stage(node, g), lo, hi, p.out_stores if p.in_out else p.slot_stores):
+        return NO_MEMORY
+    return WAITED
+
+
+cdef inline int _cross_nodes(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
+    """Cross nodes, chunk c: our slice of its result through its schedule on the rail (none on one node, for
+    an empty slice, or folded: the vote carried it). WAITED or what stopped it."""
+    return _run_rail(node, &p.rails[c], RAIL_STOPPED) if p.rails != NULL else WAITED
+
+
+cdef int _copy_out(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
+    """Copy out, chunk c: REDUCED, then, once every rank has REDUCED, out's part [a, b) of the result into out;
+    a whole call's part reduced straight from the input slots first (then REDUCED: later copies in may
+    overwrite them). WAITED or what stopped it."""
+    cdef int64_t g = p.first_chunk + c
+    cdef Py_ssize_t first, count, lo, hi, a, b
+    cdef char* slots = _stage(node, g)
+    cdef char* made
+    cdef int waited
+    _bounds(node, p, c, &first, &count, &lo, &hi)
+    a, b = max(first, p.out_at), min(first + count, p.out_at + p.out_nbytes)
+    if not p.copies_out:
+        a = b
+    if p.whole:
+        made = (p.staging if p.cuda != NULL else p.out) + a - p.out_at  # out's part, made here
+        if a < b and _reduce_slice(node, p, made, slots + node.local_rank * node.slot_bytes, slots, a, b,
+                                   p.out_stores):
+            return NO_MEMORY
+        _publish(node, REDUCED, g + 1)
+        return _to_out(node, p, g, made, a, b)
+    _publish(node, REDUCED, g + 1)
+    waited = _wait_all(node, REDUCED, g + 1, WAIT_REDUCED)
+    if waited != WAITED:
+        return waited
+    hfr_fence()
+    return _to_out(node, p, g, _result(node, p, g, first) + a - first, a, b)
+
+
+cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
+    """The call (the module's docstring): announce, the first copies in, the check, then per chunk the four
+    steps; DONE, or the outcome that stopped it at chunk p.at."""
+    cdef Py_ssize_t c
     cdef int waited
     cdef bint ahead = p.deposits and not p.into_result  # copies in run up to STAGES chunks ahead
 
     _announce(node, p.column, p.fields, p.calls_done)
     while ahead and p.at < min(STAGES, p.nchunks):
-        waited = _deposit(node, p, p.at)
+        waited = _copy_in(node, p, p.at)
         if waited != WAITED:
             return waited
         p.at += 1
@@ -616,58 +673,18 @@ cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
         return waited
     for c in range(p.nchunks):
         p.at = c
-        g = p.first_chunk + c
-        waited = _retire(node, p, g - STAGES + 1)
-        if waited != WAITED:
-            return waited
-        slots = _stage(node, g)
-        _bounds(node, p, c, &first, &count, &lo, &hi)
-        result = p.out + first if p.in_out else slots + node.local_size * node.slot_bytes
-        if p.deposits and p.into_result:
-            waited = _deposit(node, p, c)
-            if waited != WAITED:
-                return waited
-        # reduce
-        if p.arrived:  # folded: the slice came back with the vote
-            if _copy(node, result + lo, vote.call.buf, hi - lo, p.slot_stores):
-                return NO_MEMORY
-        else:
-            waited = _arrive(node, p, g)
-            if waited != WAITED:
-                return waited
-            own = _own(node, p, g, first)
-            if not p.into_result and hi > lo:  # a whole call's too: the others may read it in the result slot
-                if (not (p.in_out and own == result and p.divisor == 1)
-                        and _reduce_slice(node, p, result + lo, own, slots, lo, hi,
-                                          p.out_stores if p.in_out else p.slot_stores)):
-                    return NO_MEMORY
-            if p.rails != NULL and hi > lo:
-                waited = _run_rail(node, &p.rails[c], RAIL_STOPPED)
-                if waited != WAITED:
-                    return waited
-        # copy out: out's part [a, b) of the chunk
-        a, b = max(first, p.out_at), min(first + count, p.out_at + p.out_nbytes)
-        if not p.copies_out:
-            a = b
-        if p.whole:  # from the input slots, then REDUCED: later copies in may overwrite them
-            made = (p.staging if p.cuda != NULL else p.out) + a - p.out_at  # out's part, made here
-            if a < b and _reduce_slice(node, p, made, slots + node.local_rank * node.slot_bytes, slots, a, b,
-                                       p.out_stores):
-                return NO_MEMORY
-            _publish(node, REDUCED, g + 1)
-            waited = _copy_out(node, p, g, made, a, b)
-        else:
-            _publish(node, REDUCED, g + 1)
-            waited = _wait_all(node, REDUCED, g + 1, WAIT_REDUCED)
-            if waited != WAITED:
-                return waited
-            hfr_fence()
-            waited = _copy_out(node, p, g, result + a - first, a, b)
-        if waited != WAITED:
-            return waited
-        if ahead and c + STAGES < p.nchunks:
+        waited = _retire(node, p, p.first_chunk + c - STAGES + 1)  # staged: the copies out STAGES back
+        if waited == WAITED and p.deposits and p.into_result:
+            waited = _copy_in(node, p, c)  # into the result slot, once it is free
+        if waited == WAITED:
+            waited = _reduce_node(node, p, c, vote)
+        if waited == WAITED:
+            waited = _cross_nodes(node, p, c)
+        if waited == WAITED:
+            waited = _copy_out(node, p, c)
+        if waited == WAITED and ahead and c + STAGES < p.nchunks:
             p.at = c + STAGES
-            waited = _deposit(node, p, c + STAGES)
-            if waited != WAITED:
-                return waited
+            waited = _copy_in(node, p, c + STAGES)
+        if waited != WAITED:
+            return waited
     return DONE
