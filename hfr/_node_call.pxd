@@ -65,6 +65,9 @@ cdef class NodeCall:
     cdef readonly Py_ssize_t call_chunks  # the last call's chunks
     cdef readonly Py_ssize_t failed_chunk  # the chunk (of the last call) it was at if it did not end DONE
     cdef readonly str cuda_failure  # what failed in a staged call's copies (CUDA_FAILED)
+    cdef double* marks  # mark_steps: each chunk's step times, or NULL
+    cdef Py_ssize_t mark_rows
+    cdef object marked  # the array marks points into
 
     cdef int call(self, long long* fields, char* x, char* out, Py_ssize_t out_count, Py_ssize_t itemsize, Kind kind,
                   int code, bint avg, Schedule vote, list rails, bint folded, bint in_out, Cuda* cuda,

@@ -93,6 +93,14 @@ cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
     WAITED = -2  # a wait that reached its target
 
+cdef enum Mark:  # the steps of a chunk whose end mark_steps records (STEP_MARKS names them)
+    MARK_BEGIN, MARK_RETIRED, MARK_COPIED_IN, MARK_ARRIVED, MARK_REDUCED, MARK_CROSSED, MARK_ALL_REDUCED
+    MARK_COPIED_OUT, MARK_NEXT_COPY_IN, MARKS
+
+STEP_MARKS = ("begin", "retired", "copied in", "arrived", "reduced", "crossed", "all reduced", "copied out",
+              "next copy in")
+
+
 cdef enum CudaStep:  # where a staged call's CUDA failure came (Plan.cuda_step)
     CUDA_CONTEXT = 1, CUDA_COPY_IN, CUDA_COPY_OUT
 
@@ -133,8 +141,16 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     Cuda* cuda  # staged (x and out on a CUDA device): its copies; else NULL
     char* staging  # staged: this rank's page-locked buffer of WHOLE_UP_TO_BYTES, for a whole call's result
     Py_ssize_t consumed  # staged: the chunks whose CONSUMED is published (their copies out ran)
+    double* marks  # mark_steps' rows (chunk c's at c * MARKS), mark_rows of them; NULL: none
+    Py_ssize_t mark_rows
     int cuda_error  # staged: the CUresult that stopped the call (CUDA_FAILED), and at which step
     CudaStep cuda_step
+
+
+cdef inline void _mark(Plan* p, Py_ssize_t c, Mark step) noexcept nogil:
+    """When chunk c's step ended, where mark_steps asked for it."""
+    if p.marks != NULL and c < p.mark_rows:
+        p.marks[c * MARKS + step] = hfr_now()
 
 
 cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
@@ -214,6 +230,19 @@ cdef class NodeCall:
             cuts.append((first // itemsize, count // itemsize, lo // itemsize, hi // itemsize))
         return cuts
 
+    def mark_steps(self, marks) -> None:
+        """Record, from the next call on, when each step of each chunk ended (hfr_now(): time.monotonic()'s
+        clock) into marks, a C-contiguous float64 array of rows of len(STEP_MARKS): chunk c's into row c
+        (chunks past the last row are not recorded; a step a chunk does not take is left as it was). None
+        stops it. For bench/chunk_steps.py."""
+        if marks is None:
+            self.marks, self.mark_rows, self.marked = NULL, 0, None
+            return
+        cdef double[:, ::1] rows = marks
+        if rows.shape[1] != MARKS:
+            raise ValueError(f"marks needs {MARKS} columns (STEP_MARKS), got {rows.shape[1]}")
+        self.marks, self.mark_rows, self.marked = &rows[0, 0] if rows.shape[0] else NULL, rows.shape[0], marks
+
     def publish(self, Py_ssize_t column, int64_t value) -> None:
         """Our counter in column := value, seen by the others after every store of ours before it."""
         _publish(&self.node, column, value)
@@ -276,6 +305,7 @@ cdef class NodeCall:
         p.itemsize, p.kind, p.code = itemsize, kind, code
         p.divisor = self.size if avg else 1
         p.cuda, p.staging, p.consumed, p.cuda_error = cuda, staging, 0, 0
+        p.marks, p.mark_rows = self.marks, self.mark_rows
         _stores(&p, self.node.local_size, self.cache_bytes)
         p.first_chunk, p.calls_done, p.column = self.chunks_done, self.calls_done, _descriptor_column(self.calls_done)
         p.at, p.arrived, p.counted, p.rails = 0, False, False, NULL
@@ -505,11 +535,13 @@ cdef int _arrive(Node* node, Plan* p, int64_t g) noexcept nogil:
     cdef int error = wait(p.cuda, IN_EVENTS + g % STAGES) if p.cuda != NULL and p.deposits else 0
     if error:
         return _cuda_failed(p, error, CUDA_COPY_IN)
+    _mark(p, g - p.first_chunk, MARK_COPIED_IN)
     _publish(node, ARRIVED, g + 1)
     cdef int waited = _wait_all(node, ARRIVED, g + 1, WAIT_ARRIVED)
     if waited == WAITED:
         waited = _wait_all(node, CONSUMED, g - STAGES + 1, WAIT_PREVIOUS_RESULT)
     hfr_fence()
+    _mark(p, g - p.first_chunk, MARK_ARRIVED)
     return waited
 
 
@@ -617,6 +649,7 @@ cdef int _reduce_node(Node* node, Plan* p, Py_ssize_t c, Rail* vote) noexcept no
         return WAITED
     if _reduce_slice(node, p, result + lo, own, _stage(node, g), lo, hi, p.out_stores if p.in_out else p.slot_stores):
         return NO_MEMORY
+    _mark(p, c, MARK_REDUCED)
     return WAITED
 
 
@@ -651,6 +684,7 @@ cdef int _copy_out(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
     if waited != WAITED:
         return waited
     hfr_fence()
+    _mark(p, c, MARK_ALL_REDUCED)
     return _to_out(node, p, g, _result(node, p, g, first) + a - first, a, b)
 
 
@@ -673,18 +707,23 @@ cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
         return waited
     for c in range(p.nchunks):
         p.at = c
+        _mark(p, c, MARK_BEGIN)
         waited = _retire(node, p, p.first_chunk + c - STAGES + 1)  # staged: the copies out STAGES back
+        _mark(p, c, MARK_RETIRED)
         if waited == WAITED and p.deposits and p.into_result:
             waited = _copy_in(node, p, c)  # into the result slot, once it is free
         if waited == WAITED:
             waited = _reduce_node(node, p, c, vote)
         if waited == WAITED:
             waited = _cross_nodes(node, p, c)
+            _mark(p, c, MARK_CROSSED)
         if waited == WAITED:
             waited = _copy_out(node, p, c)
+            _mark(p, c, MARK_COPIED_OUT)
         if waited == WAITED and ahead and c + STAGES < p.nchunks:
             p.at = c + STAGES
             waited = _copy_in(node, p, c + STAGES)
+            _mark(p, c, MARK_NEXT_COPY_IN)
         if waited != WAITED:
             return waited
     return DONE

@@ -155,6 +155,25 @@ def test_call_parts_times_every_part(local_size, parts):
     assert set(times) == parts and all(t > 0 for t in times.values()), out
 
 
+@pytest.mark.parametrize("local_size", [None, 1])
+def test_chunk_steps_times_every_step_of_every_chunk(local_size):
+    """bench/chunk_steps.py on one node and on 2 emulated nodes, a call of 4 chunks: a line a step, its time
+    on rank 0 and the largest; on one node the reduce and the copy out take time and crossing none, across
+    nodes of one rank crossing does (the in-place call's chunks are made in x itself: nothing to reduce or
+    copy out)."""
+    from hfr._node_call import STEP_MARKS
+
+    env = {"HFR_CHUNK_BYTES": "256K", "HFR_CACHE_BYTES": "0", **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}
+    out = run_mpi(2, str(REPO / "bench" / "chunk_steps.py"), "--bytes", "1M", "--calls", "3", env=env,
+                  timeout=120).stdout
+    assert "in 4 chunk(s) of 262144 B" in out, out
+    rows = {" ".join(ln.split()[:-3]): ln.split()[-3:] for ln in out.splitlines() if ln.startswith("  ")}
+    assert list(rows) == list(STEP_MARKS[1:]), out
+    took = {step for step, (_, largest, _) in rows.items() if float(largest) > 0}
+    assert took >= ({"crossed"} if local_size == 1 else {"reduced", "copied out"}), out
+    assert ("crossed" in took) == (local_size == 1), out
+
+
 def test_torch_tensors_for_hfr_and_gloo():
     """--array torch: hfr and gloo on CPU tensors (bfloat16 through an int16 view), MPI skipped with the reason."""
     out = run_mpi(2, SCRIPT, *TINY, "--array", "torch", "-d", "bfloat16", "--backends", "hfr,gloo,mpi",
