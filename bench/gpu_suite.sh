@@ -12,6 +12,8 @@
 #   small      the per-call cost: 8 B up, NumPy n=4 against Open MPI and CuPy n=4 against mpi-staged (~3 min)
 #   mps        CuPy n=4 small calls under MPS, where a small copy costs ~10 us rather than a time slice
 #              (~550 us for an H2D of <= 16 KiB with 4 processes time-slicing the GPU: bench/RESULTS.md) (~1 min)
+#   steps      where a staged call's chunks spend their time (bench/chunk_steps.py): CuPy 64 MiB n=4 in chunks
+#              of 8 MiB and 1 MiB, time-sliced and under MPS, and NumPy beside them (~2 min)
 #   shm        hfr on NumPy arrays and torch CPU tensors against DeepSpeed's shm allreduce, in place, 8 B up,
 #              n = 4 and 8 (~3 min; needs the deepspeed wheels: see the stage)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
@@ -123,6 +125,20 @@ mps)
     | sed 's/\x1b\[[0-9;]*m//g' | grep -E "^#|^hfr" | tee "$out/parts_cupy_mps_n4.txt"
   echo quit | nvidia-cuda-mps-control
   ;;
+steps)
+  for mps in off on; do
+    [ $mps = on ] && nvidia-cuda-mps-control -d && sleep 1
+    for chunk in 8M 1M; do
+      for array in cupy numpy; do
+        [ $mps = on ] && [ $array = numpy ] && continue
+        log "chunk steps: $array 64 MiB n=4, chunks of $chunk, MPS $mps"
+        HFR_CHUNK_BYTES=$chunk timeout 120 $MPIRUN -x HFR_CHUNK_BYTES -n 4 python3 -m mpi4py bench/chunk_steps.py \
+          --array $array --bytes 64M --calls 10 2>/dev/null | tee "$out/steps_${array}_${chunk}_mps_$mps.txt"
+      done
+    done
+    [ $mps = on ] && echo quit | nvidia-cuda-mps-control
+  done
+  ;;
 shm)
   # DeepSpeed 0.19.8 is an sdist on PyPI and the host has no network: carry wheels for Python 3.12, made on a
   # machine that has it with
@@ -145,7 +161,7 @@ shm)
   done
   ;;
 *)
-  echo "unknown stage $stage: check, bench, overlap, torch, ddp-trace, internode, dtypes, fsdp, small, mps or shm" >&2
+  echo "unknown stage $stage: check, bench, overlap, torch, ddp-trace, internode, dtypes, fsdp, small, mps, steps or shm" >&2
   exit 2
   ;;
 esac
