@@ -39,6 +39,7 @@ from hfr._wait cimport HFR_SIGNAL_CHECK_S, PyErr_CheckSignals, forget_cancel, hf
 cdef extern from "pythread.h":
     PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds, int intr_flag) nogil
 
+from hfr.arrays import torch_dtypes
 from hfr.errors import HFRError
 from hfr.ops import DTYPE_CODES, DTYPES, Op, is_float
 
@@ -300,7 +301,7 @@ cdef class Front:
             torch = sys.modules.get("torch")
             if torch is None or not hasattr(torch, "autograd"):  # not imported, or not yet whole
                 return False
-            self.tensor_dtype_codes = {getattr(torch, d.name): code for d, code in self.dtype_codes.items()}
+            self.tensor_dtype_codes = {t: self.dtype_codes[d] for t, d in torch_dtypes(torch).items()}
             self.strided, self.grad_enabled = torch.strided, torch.is_grad_enabled
             self.increment_version = torch.autograd.graph.increment_version
             self.tensor_type = torch.Tensor
