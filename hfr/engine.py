@@ -50,7 +50,7 @@ __all__ = ["Engine", "Call", "COLLECTIVES"]
 STAGES = int(Protocol.STAGES)
 ANNOUNCED, ARRIVED, REDUCED, CONSUMED = (int(w) for w in (Protocol.ANNOUNCED, Protocol.ARRIVED, Protocol.REDUCED,
                                                              Protocol.CONSUMED))
-DESCRIPTOR, DESCRIPTOR_WORDS, CLOSING = int(Protocol.DESCRIPTOR), int(Protocol.DESCRIPTOR_WORDS), int(Protocol.CLOSING)
+CLOSING = int(Protocol.CLOSING)
 WHOLE_UP_TO_BYTES = int(Protocol.WHOLE_UP_TO_BYTES)
 COLLECTIVES = tuple(c.name.lower() for c in Collective)  # in wire code order
 HEALTHY, BROKEN = 1, 2  # CLOSING's values

@@ -24,7 +24,6 @@ from mpi4py import MPI
 
 import hfr
 from hfr.engine import STAGES
-from hfr.ops import Op
 
 assert cupy.__file__.startswith(os.path.dirname(os.path.dirname(__file__))), "not the fake CuPy"
 world = MPI.COMM_WORLD
