@@ -14,8 +14,8 @@
 #              (~550 us for an H2D of <= 16 KiB with 4 processes time-slicing the GPU: bench/RESULTS.md) (~1 min)
 #   steps      where a staged call's chunks spend their time (bench/chunk_steps.py): CuPy 64 MiB n=4 in chunks
 #              of 8 MiB and 1 MiB, time-sliced and under MPS, and NumPy beside them (~2 min)
-#   shm        hfr on NumPy arrays and torch CPU tensors against DeepSpeed's shm allreduce, in place, 8 B up,
-#              n = 4 and 8 (~3 min; needs the deepspeed wheels: see the stage)
+#   shm        hfr on NumPy arrays and torch CPU tensors (also with OMP_WAIT_POLICY=PASSIVE) against DeepSpeed's
+#              shm allreduce, in place, 8 B up, n = 4 and 8 (~4 min; needs the deepspeed wheels: see the stage)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -156,6 +156,10 @@ shm)
       log "allreduce $array n=$n, 8 B - 128 MiB, hfr against deepspeed (in place only)"
       perf $n -b 8 -e 186M -f 4 -n 20 -w 5 --array $array --backends hfr,deepspeed | tee "$out/shm_${array}_n$n.txt"
     done
+    # torch's OpenMP threads spin after the harness's copy_ and take the cores from hfr's (README, PyTorch)
+    log "allreduce torch n=$n with OMP_WAIT_POLICY=PASSIVE, hfr against deepspeed"
+    OMP_WAIT_POLICY=PASSIVE timeout 200 $MPIRUN -x OMP_WAIT_POLICY -n $n python3 -m mpi4py bench/allreduce_perf.py \
+      -b 8 -e 186M -f 4 -n 20 -w 5 --array torch --backends hfr,deepspeed 2>/dev/null | tee "$out/shm_torch_passive_n$n.txt"
     log "calls from torch n=$n: NumPy, tensor, dist.all_reduce on hfr, gloo and a null backend"
     $MPIRUN -n $n python3 -m mpi4py bench/torch_calls.py -b 8 -e 64M -f 8 --rounds 3 | tee "$out/torch_calls_n$n.txt"
   done
