@@ -323,17 +323,24 @@ def test_kernels_work_without_the_cython_backend():
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_cython_pool_serves_concurrent_callers_and_forked_children():
-    """The Cython kernels' thread pool: right sums for 4 Python threads calling at once, and in a child
+    """The Cython kernels' thread pool: right sums for 4 Python threads calling at once, large calls and
+    many small ones (jobs back to back, claimed by threads still spinning from the last), and in a child
     forked after the pool's threads started (the child has none of them)."""
     backend_param("cython")
     rng = np.random.default_rng(5)
-    cases = [[random_array(np.float32, 400_009, rng, specials=False) for _ in range(3)] for _ in range(4)]
+    sizes = (400_009, 400_009, 65_537, 65_537)  # 65_537 float32 x 4 arrays: 3 threads' worth of traffic
+    cases = [[random_array(np.float32, n, rng, specials=False) for _ in range(3)] for n in sizes]
     results: list = [None] * len(cases)
+    wants = [reference(inputs, Op.SUM) for inputs in cases]
+    wrong: list = []
 
     def work(i: int) -> None:
         out = np.empty_like(cases[i][0])
-        for _ in range(20):
+        for call in range(20 if sizes[i] > 100_000 else 500):
+            out.fill(np.nan)
             reduce_into(out, cases[i], Op.SUM, backend="cython", threads=3)
+            if not np.array_equal(out, wants[i]):
+                wrong.append((i, call))
         results[i] = out
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
@@ -341,8 +348,9 @@ def test_cython_pool_serves_concurrent_callers_and_forked_children():
         t.start()
     for t in threads:
         t.join()
-    for inputs, out in zip(cases, results):
-        assert_same_bits(out, reference(inputs, Op.SUM))
+    assert not wrong, f"(thread, call) with a wrong sum: {wrong[:10]}"
+    for want, out in zip(wants, results):
+        assert_same_bits(out, want)
     pid = os.fork()
     if pid == 0:  # the child: exit status 0 only if its threaded sum is right
         out = np.empty_like(cases[0][0])
