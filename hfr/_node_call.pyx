@@ -653,10 +653,14 @@ cdef int _reduce_node(Node* node, Plan* p, Py_ssize_t c, Rail* vote) noexcept no
     return WAITED
 
 
-cdef inline int _cross_nodes(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
+cdef int _cross_nodes(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
     """Cross nodes, chunk c: our slice of its result through its schedule on the rail (none on one node, for
     an empty slice, or folded: the vote carried it). WAITED or what stopped it."""
-    return _run_rail(node, &p.rails[c], RAIL_STOPPED) if p.rails != NULL else WAITED
+    if p.rails == NULL:
+        return WAITED
+    cdef int waited = _run_rail(node, &p.rails[c], RAIL_STOPPED)
+    _mark(p, c, MARK_CROSSED)
+    return waited
 
 
 cdef int _copy_out(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
@@ -716,7 +720,6 @@ cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
             waited = _reduce_node(node, p, c, vote)
         if waited == WAITED:
             waited = _cross_nodes(node, p, c)
-            _mark(p, c, MARK_CROSSED)
         if waited == WAITED:
             waited = _copy_out(node, p, c)
             _mark(p, c, MARK_COPIED_OUT)
