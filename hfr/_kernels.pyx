@@ -59,12 +59,16 @@ cdef extern from *:
     /* The pool: hfr_pool_run(fn, job, parts) runs fn(job, p) for every p in [0, parts), on the calling
        thread and up to parts - 1 pool threads, and returns the sum of fn's results. Threads are started
        on demand and never stop. One job at a time (`owner`); jobs are numbered, and `claims` holds the
-       current job's number (high 32 bits) and how many of its parts are claimed (low 32 bits), so a thread
-       claims a part of the job it read, or of none. Between jobs a thread and the caller spin (yielding)
+       current job's number (high 32 bits), its parts (16 bits) and how many of them are claimed (low 16
+       bits), in one word, so that a thread claims a part of the job it read, or none: with the parts a
+       field of their own, a thread that read an exhausted job's claims, then the next job's parts, could
+       claim a part past the old job's end before the next job's claims were stored (it ran a part twice
+       and counted it against the next job). Between jobs a thread and the caller spin (yielding)
        for HFR_POOL_SPIN_S before they sleep on a condition variable: a call's chunks hand work out every
        ~10-100 us, and a sleeping thread takes ~30 us to wake (bench/RESULTS.md). hfr_pool_init() runs
        once, at import, before any of the pool's locks can be held. */
     #define HFR_POOL_SPIN_S 5e-4
+    #define HFR_POOL_MAX_PARTS 0xffff
     typedef int (*hfr_part_fn)(void *job, int part);
     static struct {
         pthread_mutex_t lock, owner;  /* lock: sleeping and waking */
@@ -72,8 +76,7 @@ cdef extern from *:
         int threads;
         hfr_part_fn fn;  /* the job, written before its number is published in claims */
         void *job;
-        int parts;
-        unsigned long long claims;  /* atomic: (job number << 32) | parts claimed */
+        unsigned long long claims;  /* atomic: (job number << 32) | (parts << 16) | parts claimed */
         int unfinished, failed;  /* atomic: the job's parts not yet finished, their failures */
         int sleepers;  /* atomic: threads asleep on wake, or about to be */
         int caller_asleep;  /* under lock: the caller sleeps on done */
@@ -91,8 +94,8 @@ cdef extern from *:
             unsigned long long c = hfr_pool_claims();
             hfr_part_fn fn = hfr_pool.fn;
             void *job = hfr_pool.job;
-            int part = (int)(c & 0xffffffffu), failed;
-            if (c >> 32 != number || part >= hfr_pool.parts)
+            int part = (int)(c & 0xffff), failed;
+            if (c >> 32 != number || part >= (int)((c >> 16) & 0xffff))
                 return;
             if (!__atomic_compare_exchange_n(&hfr_pool.claims, &c, c + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
                 continue;
@@ -147,7 +150,7 @@ cdef extern from *:
         return pthread_atfork(NULL, NULL, hfr_pool_after_fork);
     }
 
-    static int hfr_pool_run(hfr_part_fn fn, void *job, int parts) {
+    static int hfr_pool_run(hfr_part_fn fn, void *job, int parts) {  /* parts <= HFR_POOL_MAX_PARTS */
         unsigned long long number;
         double idle;
         int failed, i;
@@ -170,10 +173,9 @@ cdef extern from *:
         }
         hfr_pool.fn = fn;
         hfr_pool.job = job;
-        hfr_pool.parts = parts;
         __atomic_store_n(&hfr_pool.unfinished, parts, __ATOMIC_SEQ_CST);
         __atomic_store_n(&hfr_pool.failed, 0, __ATOMIC_SEQ_CST);
-        __atomic_store_n(&hfr_pool.claims, number << 32, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&hfr_pool.claims, number << 32 | (unsigned long long)parts << 16, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&hfr_pool.sleepers, __ATOMIC_SEQ_CST) > 0) {
             pthread_mutex_lock(&hfr_pool.lock);
             pthread_cond_broadcast(&hfr_pool.wake);
@@ -202,6 +204,7 @@ cdef extern from *:
     ctypedef int (*hfr_part_fn)(void* job, int part) noexcept nogil
     int hfr_pool_init() noexcept nogil
     int hfr_pool_run(hfr_part_fn fn, void* job, int parts) noexcept nogil
+    const int HFR_POOL_MAX_PARTS
 
 if hfr_pool_init() != 0:
     raise ImportError("hfr._kernels: pthread_atfork failed (out of memory)")
@@ -289,6 +292,7 @@ cdef int _reduce(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py
     blocks that could not get their scratch tiles (then out is partly written)."""
     cdef Py_ssize_t align = BLOCK_ALIGN_BYTES // itemsize
     cdef Job job
+    threads = min(threads, HFR_POOL_MAX_PARTS)
     job.kind, job.out, job.xs, job.k, job.n, job.op, job.divisor = kind, out, xs, k, n, op, divisor
     job.per = ((n + threads - 1) // threads + align - 1) // align * align
     job.stream = stores == STREAMED or stores == STORES_BY_SIZE and n * itemsize >= STREAM_MIN_BYTES
