@@ -78,13 +78,47 @@ cdef extern from *:
         void *job;
         unsigned long long claims;  /* atomic: (job number << 32) | (parts << 16) | parts claimed */
         int unfinished, failed;  /* atomic: the job's parts not yet finished, their failures */
-        int sleepers;  /* atomic: threads asleep on wake, or about to be */
-        int caller_asleep;  /* under lock: the caller sleeps on done */
+        int sleepers, waiters;  /* atomic: threads asleep on wake, callers on done, or about to be */
     } hfr_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
                   PTHREAD_COND_INITIALIZER};
 
     static inline unsigned long long hfr_pool_claims(void) {
         return __atomic_load_n(&hfr_pool.claims, __ATOMIC_SEQ_CST);
+    }
+
+    static int hfr_pool_job_after(unsigned long long seen) { return hfr_pool_claims() >> 32 != seen; }
+
+    static int hfr_pool_finished(unsigned long long unused) {
+        return __atomic_load_n(&hfr_pool.unfinished, __ATOMIC_SEQ_CST) == 0;
+    }
+
+    /* Wait until ready(arg): yielding for HFR_POOL_SPIN_S, then asleep on cond, counted in *sleepers so that
+       whoever makes ready() hold wakes it (hfr_pool_wake). Counter and condition are seq_cst on both sides:
+       a waiter that counts itself, then finds ready() false, is seen by the waker, who takes the lock. */
+    static void hfr_pool_wait(int (*ready)(unsigned long long), unsigned long long arg, pthread_cond_t *cond,
+                              int *sleepers) {
+        double idle = hfr_now();
+        while (!ready(arg)) {
+            if (hfr_now() - idle < HFR_POOL_SPIN_S) {
+                sched_yield();
+                continue;
+            }
+            pthread_mutex_lock(&hfr_pool.lock);
+            __atomic_add_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
+            while (!ready(arg))
+                pthread_cond_wait(cond, &hfr_pool.lock);
+            __atomic_sub_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
+            pthread_mutex_unlock(&hfr_pool.lock);
+        }
+    }
+
+    /* After making a waiter's ready() hold: wake those asleep on cond (no lock where none sleeps). */
+    static void hfr_pool_wake(pthread_cond_t *cond, int *sleepers) {
+        if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST) > 0) {
+            pthread_mutex_lock(&hfr_pool.lock);
+            pthread_cond_broadcast(cond);
+            pthread_mutex_unlock(&hfr_pool.lock);
+        }
     }
 
     /* Claim and run parts of job `number` until none is left. A part's fields are read before its claim:
@@ -102,37 +136,20 @@ cdef extern from *:
             failed = fn(job, part);
             if (failed)
                 __atomic_fetch_add(&hfr_pool.failed, failed, __ATOMIC_SEQ_CST);
-            if (__atomic_sub_fetch(&hfr_pool.unfinished, 1, __ATOMIC_SEQ_CST) == 0) {
-                pthread_mutex_lock(&hfr_pool.lock);
-                if (hfr_pool.caller_asleep)
-                    pthread_cond_signal(&hfr_pool.done);
-                pthread_mutex_unlock(&hfr_pool.lock);
-            }
+            if (__atomic_sub_fetch(&hfr_pool.unfinished, 1, __ATOMIC_SEQ_CST) == 0)
+                hfr_pool_wake(&hfr_pool.done, &hfr_pool.waiters);
         }
     }
 
     static void *hfr_pool_thread(void *seen_job) {
-        unsigned long long seen = (unsigned long long)(uintptr_t)seen_job, number;
-        double idle;
+        unsigned long long seen = (unsigned long long)(uintptr_t)seen_job;
     #if defined(__linux__)
         pthread_setname_np(pthread_self(), "hfr-kernels");  /* as top -H and py-spy show it */
     #endif
         for (;;) {
-            idle = hfr_now();
-            while ((number = hfr_pool_claims() >> 32) == seen) {
-                if (hfr_now() - idle < HFR_POOL_SPIN_S) {
-                    sched_yield();
-                    continue;
-                }
-                pthread_mutex_lock(&hfr_pool.lock);
-                __atomic_add_fetch(&hfr_pool.sleepers, 1, __ATOMIC_SEQ_CST);
-                while ((number = hfr_pool_claims() >> 32) == seen)
-                    pthread_cond_wait(&hfr_pool.wake, &hfr_pool.lock);
-                __atomic_sub_fetch(&hfr_pool.sleepers, 1, __ATOMIC_SEQ_CST);
-                pthread_mutex_unlock(&hfr_pool.lock);
-            }
-            seen = number;
-            hfr_pool_work(number);
+            hfr_pool_wait(hfr_pool_job_after, seen, &hfr_pool.wake, &hfr_pool.sleepers);
+            seen = hfr_pool_claims() >> 32;
+            hfr_pool_work(seen);
         }
         return NULL;
     }
@@ -143,7 +160,7 @@ cdef extern from *:
         pthread_mutex_init(&hfr_pool.owner, NULL);
         pthread_cond_init(&hfr_pool.wake, NULL);
         pthread_cond_init(&hfr_pool.done, NULL);
-        hfr_pool.threads = hfr_pool.sleepers = hfr_pool.caller_asleep = 0;
+        hfr_pool.threads = hfr_pool.sleepers = hfr_pool.waiters = 0;
     }
 
     static int hfr_pool_init(void) {
@@ -152,7 +169,6 @@ cdef extern from *:
 
     static int hfr_pool_run(hfr_part_fn fn, void *job, int parts) {  /* parts <= HFR_POOL_MAX_PARTS */
         unsigned long long number;
-        double idle;
         int failed, i;
         pthread_mutex_lock(&hfr_pool.owner);
         number = ((hfr_pool_claims() >> 32) + 1) & 0xffffffffu;
@@ -176,25 +192,9 @@ cdef extern from *:
         __atomic_store_n(&hfr_pool.unfinished, parts, __ATOMIC_SEQ_CST);
         __atomic_store_n(&hfr_pool.failed, 0, __ATOMIC_SEQ_CST);
         __atomic_store_n(&hfr_pool.claims, number << 32 | (unsigned long long)parts << 16, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&hfr_pool.sleepers, __ATOMIC_SEQ_CST) > 0) {
-            pthread_mutex_lock(&hfr_pool.lock);
-            pthread_cond_broadcast(&hfr_pool.wake);
-            pthread_mutex_unlock(&hfr_pool.lock);
-        }
+        hfr_pool_wake(&hfr_pool.wake, &hfr_pool.sleepers);
         hfr_pool_work(number);
-        idle = hfr_now();
-        while (__atomic_load_n(&hfr_pool.unfinished, __ATOMIC_SEQ_CST) > 0) {
-            if (hfr_now() - idle < HFR_POOL_SPIN_S) {
-                sched_yield();
-                continue;
-            }
-            pthread_mutex_lock(&hfr_pool.lock);
-            hfr_pool.caller_asleep = 1;
-            while (__atomic_load_n(&hfr_pool.unfinished, __ATOMIC_SEQ_CST) > 0)
-                pthread_cond_wait(&hfr_pool.done, &hfr_pool.lock);
-            hfr_pool.caller_asleep = 0;
-            pthread_mutex_unlock(&hfr_pool.lock);
-        }
+        hfr_pool_wait(hfr_pool_finished, 0, &hfr_pool.done, &hfr_pool.waiters);  /* the parts others claimed */
         failed = __atomic_load_n(&hfr_pool.failed, __ATOMIC_SEQ_CST);
         hfr_pool.job = NULL;  /* it lives on the caller's stack */
         pthread_mutex_unlock(&hfr_pool.owner);
