@@ -37,12 +37,8 @@ from .ops import DTYPES, Op, as_op, dtype_code, op_code
 from .shm import ROW_WORDS, Segment
 from .threads import name_this_thread
 from .topology import Layout
+from ._spin import all_reached
 from .work import Work
-
-try:  # waits on the counters with the GIL released; Python polling where it is not built
-    from ._spin import all_reached as _spin_all_reached
-except ImportError:  # pragma: no cover - the extension is built by pip install
-    _spin_all_reached = None
 
 __all__ = ["Engine", "Call", "COLLECTIVES"]
 
@@ -57,7 +53,7 @@ HEALTHY, BROKEN = 1, 2  # CLOSING's values
 DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")  # Protocol.DESCRIPTOR_FIELDS of them
 REFUSED = int(Protocol.REFUSED)
 ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits up to this long for its peers' word on who never came
-SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before copies out are retired again
+SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before signals are looked at again
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
 _REDUCING = ("allreduce", "reduce", "reduce_scatter")  # the collectives that reduce
@@ -495,22 +491,14 @@ class Engine:
     def _publish(self, column: int, value: int) -> None:
         self._node_call.publish(column, value)  # our data stores become visible before the counter
 
-    def _all_reached(self, column: int, target: int) -> bool:
-        self.segment.sync()
-        return int(self.segment.control[:, column].min()) >= target
-
     def _wait_all(self, column: int, target: int, what: str) -> None:
-        """Wait until every local rank's counter in column has reached target."""
-        if target <= 0:
+        """Wait until every local rank's counter in column has reached target (looked at in C, the GIL
+        released)."""
+        address, rows = self.segment.control_address, self.layout.local_size
+        reached = lambda seconds=0.0: all_reached(address, ROW_WORDS, rows, column, target, seconds)  # noqa: E731
+        if target <= 0 or reached():  # already there (the common case): one look
             return
-        spin = None
-        if _spin_all_reached is not None:
-            address, rows = self.segment.control_address, self.layout.local_size
-            spin = lambda seconds: _spin_all_reached(address, ROW_WORDS, rows, column, target, seconds)  # noqa: E731
-            if spin(0.0):  # already there (the common case): one look, in C
-                return
-        self._wait(lambda: self._all_reached(column, target), what, spin=spin,
-                   laggards=lambda: self._laggards(column, target))
+        self._wait(lambda: reached(SPIN_SLICE_S), what, laggards=lambda: self._laggards(column, target))
 
     def _laggards(self, column: int, target: int) -> list[int]:
         """The ranks (in comm) of this node whose counter in column is still below target."""
@@ -526,26 +514,23 @@ class Engine:
             internode.keep_for_good(request, *buffers)
             raise
 
-    def _wait(self, ready: Callable[[], bool], what: str, laggards: Optional[Callable[[], list]] = None,
-              spin: Optional[Callable[[float], bool]] = None) -> None:
-        """Poll ready() until it holds; HFRTimeoutError after the timeout.
-
-        spin(seconds), where given, waits up to that long for the same condition with the GIL
-        released. Otherwise polls yield the CPU, then sleep with a growing pause (ranks may share
-        cores, and a sleep lets the caller's threads take the GIL)."""
+    def _wait(self, ready: Callable[[], bool], what: str, laggards: Optional[Callable[[], list]] = None) -> None:
+        """Poll ready() until it holds; HFRTimeoutError after the timeout. Between polls yield the CPU, then
+        sleep with a growing pause (ranks may share cores, and a sleep lets the caller's threads take the
+        GIL)."""
         if ready():
             return
         deadline = time.monotonic() + self.timeout
         polls, pause = 0, 0.0
         while True:
             _wait.check()  # a signal handler's exception, or close() from one, ends the call
-            if ready() or (spin is not None and spin(SPIN_SLICE_S)):
+            if ready():
                 self.segment.sync()
                 return
             polls += 1
-            if spin is None and polls < 200:
+            if polls < 200:
                 os.sched_yield()
-            elif spin is None:
+            else:
                 pause = min(max(pause * 2, 20e-6), 1e-3)
                 time.sleep(pause)
             if time.monotonic() > deadline:
