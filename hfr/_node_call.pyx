@@ -221,8 +221,7 @@ cdef class NodeCall:
 
     def chunks(self, Py_ssize_t elements, Py_ssize_t itemsize) -> list:
         """How a call that cuts `elements` of itemsize bytes is cut, in elements, as its chunk loop cuts it:
-        per chunk (first, count, lo, hi), its first element and
-        count, and this rank's slice [lo, hi) of it."""
+        per chunk (first, count, lo, hi), its first element and count, and this rank's slice [lo, hi) of it."""
         cdef Py_ssize_t total = elements * itemsize, c, first, count, lo, hi
         cuts = []
         for c in range((total + self.chunk - 1) // self.chunk):
