@@ -67,8 +67,9 @@ FAULT_LAYOUTS = [pytest.param(2, None, "cpu", id="1x2"), pytest.param(2, "1", "c
 
 @pytest.mark.parametrize("nprocs, local_size, device", FAULT_LAYOUTS)
 def test_backend_mismatch_raises_on_every_rank(nprocs, local_size, device):
-    """A count mismatch through dist.all_reduce, work.wait(), get_future().wait() and a DDP hook's future
-    raises MismatchError on every rank, then the next call is right; tensors that require grad reduce."""
+    """A count mismatch through dist.all_reduce, work.wait(), get_future().wait() and a DDP hook's future,
+    and an op mismatch (MAX against SUM) blocking and through work.wait(), raise MismatchError on every rank,
+    then the next call is right; tensors that require grad reduce."""
     env = {"HFR_LOCAL_SIZE": local_size} if local_size else None
     out = run_mpi(nprocs, "torch_faults_worker.py", "mismatch", device, env=env, timeout=90).stdout
     assert "torch mismatch ok" in out

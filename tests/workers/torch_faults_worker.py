@@ -98,6 +98,17 @@ def check_mismatch(device: torch.device) -> None:
         call(x)
         assert_right(x, everyone, f"{how} after a mismatch")
 
+    # an op mismatch (torch's ops mapped to hfr's on every rank), blocking and through work.wait(), then a MAX
+    op = dist.ReduceOp.MAX if rank == size - 1 else dist.ReduceOp.SUM
+    expect(hfr.MismatchError, "op", lambda: dist.all_reduce(values(COUNT, rank, device), op=op),
+           "dist.all_reduce of an op mismatch")
+    expect(hfr.MismatchError, "op", lambda: dist.all_reduce(values(COUNT, rank, device), op=op, async_op=True).wait(),
+           "work.wait() of an op mismatch")
+    x = values(COUNT, rank, device)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    want = torch.stack([values(COUNT, r) for r in everyone]).max(dim=0).values
+    assert torch.equal(x.cpu(), want), "a MAX after an op mismatch"
+
     # wait(timeout) on a call the last rank joins late: a timeout, then the call completes
     x = values(COUNT, rank, device)
     if rank == size - 1:
