@@ -7,7 +7,8 @@ Every rank has its NodeCall mark when each step of each chunk of a blocking allr
 begin, the staged copies out STAGES back retired, our copy in done, every rank arrived, our slice reduced,
 crossed nodes, every rank reduced, copied out, the copy in STAGES ahead). Rank 0 prints, per step, the
 median over calls and chunks of the time since the step before (us) on itself and on the rank where it is
-largest, then the median chunk (begin to begin) and call. A step a chunk does not take counts 0.
+largest, its mean on itself and the largest mean (means add up to the chunk's time), then the median chunk
+(begin to begin) and call. A step a chunk does not take counts 0. --save keeps every mark for a timeline.
 """
 import argparse
 
@@ -25,6 +26,8 @@ def main() -> None:
     p.add_argument("--array", choices=("numpy", "cupy"), default="numpy")
     p.add_argument("--bytes", default="64M", help="float32 allreduce of this many bytes")
     p.add_argument("--calls", type=int, default=20, help="timed calls, after 3 untimed")
+    p.add_argument("--save", help="rank 0 saves every rank's marks here (.npy: ranks x calls x chunks x steps, "
+                   "seconds on the host's monotonic clock)")
     args = p.parse_args()
     world = MPI.COMM_WORLD
     comm = hfr.Communicator(world)
@@ -56,18 +59,24 @@ def main() -> None:
     steps = np.diff(filled, axis=2) * 1e6  # (calls, chunks, steps - 1), us
     mine = np.nanmedian(steps.reshape(-1, steps.shape[2]), axis=0)
     every = world.gather(mine, root=0)
+    means = world.gather(np.nanmean(steps.reshape(-1, steps.shape[2]), axis=0), root=0)
+    everyone = world.gather(marks, root=0) if args.save else None
     periods = np.diff(filled[:, :, 0], axis=1).ravel() * 1e6 if chunks > 1 else np.array([np.nan])
     calls = (filled[:, -1, -1] - filled[:, 0, 0]) * 1e6
     if world.rank == 0:
         every = np.array(every)
         print(f"# {world.size} ranks, {comm.nnodes} node(s), {args.array} float32 allreduce of {count * 4} B in "
               f"{chunks} chunk(s) of {comm._engine.chunk} B; us, median of {args.calls} calls x {chunks} chunks")
-        print(f"# {'step':<14}{'rank 0':>10}{'largest':>10}{'on rank':>9}")
+        print(f"# {'step':<14}{'rank 0':>10}{'largest':>10}{'on rank':>9}{'mean r0':>10}{'mean max':>10}")
+        means = np.array(means)
         for i, name in enumerate(STEP_MARKS[1:]):
             worst = int(np.nanargmax(every[:, i]))
-            print(f"  {name:<14}{every[0, i]:>10.1f}{every[worst, i]:>10.1f}{worst:>9}")
+            print(f"  {name:<14}{every[0, i]:>10.1f}{every[worst, i]:>10.1f}{worst:>9}{means[0, i]:>10.1f}"
+                  f"{means[:, i].max():>10.1f}")
         print(f"# rank 0: chunk begin to begin {np.nanmedian(periods):.1f} us, call (first begin to last step) "
               f"{np.nanmedian(calls):.1f} us")
+        if args.save:
+            np.save(args.save, np.array(everyone))
     comm.close()
 
 
