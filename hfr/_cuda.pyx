@@ -3,12 +3,12 @@
 of a CUDA array's call (hfr/_node_call.pyx), where CuPy's Python wrappers around the same calls cost more
 than the copy of a small array.
 
-The CUDA driver's functions (libcuda.so.1, which CuPy and torch load too) are looked up when the engine
-first meets a CUDA array (bind), so hfr builds and imports without CUDA. A call's copies run on the two
-streams it names (handles CuPy's and torch's streams give as .ptr: the driver's and the runtime's are
-one), queued without waiting (copy), each direction's followed by an event where the call needs to know
-that they ran (record, wait); the device's primary context (the one CuPy and torch use) is current from
-enter() to leave(), whatever context the calling thread had.
+The CUDA driver's functions (libcuda.so.1, which CuPy and torch load too) are looked up when the engine first
+meets a CUDA array (bind), so hfr builds and imports without CUDA. A call's copies run on the two streams
+order() chooses, its caller's (a handle CuPy's and torch's streams give as .ptr: the driver's and the
+runtime's are one) or the device's own, queued without waiting (copy), each direction's followed by an event
+where the call needs to know that they ran (record, wait); the device's primary context (the one CuPy and
+torch use) is current from enter() to leave(), whatever context the calling thread had.
 """
 from libc.stdint cimport uintptr_t
 
@@ -27,6 +27,8 @@ ctypedef int (*event_create_fn)(void** event, unsigned int flags) noexcept nogil
 ctypedef int (*event_record_fn)(void* event, uintptr_t stream) noexcept nogil
 ctypedef int (*event_fn)(void* event) noexcept nogil
 ctypedef int (*error_text_fn)(int error, const char** text) noexcept nogil
+ctypedef int (*stream_create_fn)(uintptr_t* stream, unsigned int flags) noexcept nogil
+ctypedef int (*stream_wait_fn)(uintptr_t stream, void* event, unsigned int flags) noexcept nogil
 
 cdef init_fn cu_init = NULL
 cdef device_get_fn cu_device_get
@@ -41,6 +43,9 @@ cdef event_create_fn cu_event_create
 cdef event_record_fn cu_event_record
 cdef event_fn cu_event_synchronize, cu_event_destroy
 cdef error_text_fn cu_error_name, cu_error_string
+cdef stream_create_fn cu_stream_create
+cdef stream_wait_fn cu_stream_wait_event
+cdef synchronize_fn cu_stream_destroy
 _driver = None  # libcuda.so.1, once bound
 
 
@@ -49,6 +54,7 @@ def bind() -> None:
     global cu_init, cu_device_get, cu_primary_retain, cu_primary_release, cu_get_current, cu_pop_current
     global cu_push_current, cu_to_host, cu_to_device, cu_synchronize, cu_error_name, cu_error_string, _driver
     global cu_event_create, cu_event_record, cu_event_synchronize, cu_event_destroy
+    global cu_stream_create, cu_stream_wait_event, cu_stream_destroy
     if cu_init != NULL:
         return
     _driver = lib = ctypes.CDLL("libcuda.so.1")
@@ -65,6 +71,9 @@ def bind() -> None:
     cu_event_record = <event_record_fn>_address(lib, "cuEventRecord")
     cu_event_synchronize = <event_fn>_address(lib, "cuEventSynchronize")
     cu_event_destroy = <event_fn>_address(lib, "cuEventDestroy_v2")
+    cu_stream_create = <stream_create_fn>_address(lib, "cuStreamCreate")
+    cu_stream_wait_event = <stream_wait_fn>_address(lib, "cuStreamWaitEvent")
+    cu_stream_destroy = <synchronize_fn>_address(lib, "cuStreamDestroy_v2")
     cu_error_name = <error_text_fn>_address(lib, "cuGetErrorName")
     cu_error_string = <error_text_fn>_address(lib, "cuGetErrorString")
     cu_init = <init_fn>_address(lib, "cuInit")
@@ -85,11 +94,13 @@ def error_text(int error) -> str:
 
 cdef enum:
     EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
+    STREAM_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
+    CALLER_READY = CALL_EVENTS  # the event order() records on the caller's stream
 
 
 cdef int enter(Cuda* cuda) noexcept nogil:
-    """Make the device's primary context current for the copies that follow (made its events, the first
-    time). Returns the CUresult (0: entered); leave() after either way."""
+    """Make the device's primary context current for the copies that follow (made its events and its own
+    streams, the first time). Returns the CUresult (0: entered); leave() after either way."""
     cdef void* current = NULL
     cdef int error = cu_get_current(&current), i
     cuda.pushed = False
@@ -101,6 +112,11 @@ cdef int enter(Cuda* cuda) noexcept nogil:
         if cuda.events[i] == NULL:
             error = cu_event_create(&cuda.events[i], EVENT_DISABLE_TIMING)
         i += 1
+    i = 0
+    while not error and i < 2:
+        if cuda.own[i] == 0:
+            error = cu_stream_create(&cuda.own[i], STREAM_NON_BLOCKING)
+        i += 1
     return error
 
 
@@ -110,6 +126,28 @@ cdef void leave(Cuda* cuda) noexcept nogil:
     if cuda.pushed:
         cu_pop_current(&popped)
         cuda.pushed = False
+
+
+cdef int order(Cuda* cuda, bint several) noexcept nogil:
+    """Choose the call's streams (to_host, to_device), the context entered: a call of one chunk run on its
+    caller's thread (ready NULL) copies on the caller's stream both ways, in its order, with no event; any
+    other on the device's own two streams, so that its chunks copy both ways at once, after the caller's
+    work: that queued when the call was (ready), or, without ready, that queued by now (an event recorded
+    on the caller's stream here). Returns the CUresult."""
+    cdef void* after = cuda.ready
+    cdef int error = 0
+    if after == NULL and not several:
+        cuda.to_host = cuda.to_device = cuda.caller
+        return 0
+    if after == NULL:
+        after = cuda.events[CALLER_READY]
+        error = cu_event_record(after, cuda.caller)
+    cuda.to_host, cuda.to_device = cuda.own[0], cuda.own[1]
+    if not error:
+        error = cu_stream_wait_event(cuda.to_host, after, 0)
+    if not error:
+        error = cu_stream_wait_event(cuda.to_device, after, 0)
+    return error
 
 
 cdef int copy(Cuda* cuda, char* dst, const char* src, size_t nbytes, bint to_host) noexcept nogil:
@@ -160,5 +198,8 @@ cdef class Device:
             for i in range(CUDA_EVENTS):
                 if self.cuda.events[i] != NULL:
                     cu_event_destroy(self.cuda.events[i])
+            for i in range(2):
+                if self.cuda.own[i] != 0:
+                    cu_stream_destroy(self.cuda.own[i])
         leave(&self.cuda)
         cu_primary_release(self.device)

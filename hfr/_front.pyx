@@ -7,17 +7,17 @@ communicator is closed or has failed (broken), and may run on its caller's threa
 unfinished; otherwise the progress thread runs it. One call runs at a time, on whichever thread (the
 running lock).
 
-allreduce() takes the blocking allreduce, where Python around the C protocol (hfr/_node_call.pyx) cost
-more than the protocol (bench/RESULTS.md): checked, admitted, run and counted out here. A NumPy array or
-a CPU torch tensor (its pointer, dtype and shape read from the tensor: no DLPack view) of any size on one
-node, of one chunk across nodes; and once the engine has met a CuPy array (take_cuda) a CuPy array of one
-chunk on that device, staged in C on the caller's current stream of the device. It returns None, before
-admitting it, for anything else, and the engine's Python takes that
-call, raising what it raises: another array or argument, one that the checks would refuse, a call not to
-be run on this thread (another is unfinished). Across nodes a call shape whose rail schedules the engine
-has not made yet (it keeps them, by rail_shape_key, in the dict shared with this) is admitted here and
-run by the engine's Python (Engine.run_held), so that no call admitted after it runs first. A failed
-call is handed back to the engine, which names the failure as for its own calls.
+allreduce() takes the blocking allreduce, where Python around the C protocol (hfr/_node_call.pyx) cost more
+than the protocol (bench/RESULTS.md): checked, admitted, run and counted out here. A NumPy array or a CPU
+torch tensor (its pointer, dtype and shape read from the tensor: no DLPack view), and once the engine has met
+a CuPy array (take_cuda) a CuPy array on that device, staged in C after the work queued on the caller's
+current stream of the device: of any size on one node, of one chunk across nodes. It returns None, before
+admitting it, for anything else, and the engine's Python takes that call, raising what it raises: another
+array or argument, one that the checks would refuse, a call not to be run on this thread (another is
+unfinished). Across nodes a call shape whose rail schedules the engine has not made yet (it keeps them, by
+rail_shape_key, in the dict shared with this) is admitted here and run by the engine's Python
+(Engine.run_held), so that no call admitted after it runs first. A failed call is handed back to the engine,
+which names the failure as for its own calls.
 """
 from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
                                PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
@@ -230,8 +230,8 @@ cdef class Front:
         cdef int k = self._op_code(op)
         if k < 0 or k == AVG and not self.floating[o.dtype]:
             return None
-        if (o.cuda or self.nnodes > 1) and o.count * self.itemsizes[o.dtype] > self.chunk_bytes:
-            return None  # those calls run in C in one chunk only
+        if self.nnodes > 1 and o.count * self.itemsizes[o.dtype] > self.chunk_bytes:
+            return None  # across nodes the front keeps rail schedules for calls of one chunk only
         cdef bint inline = True  # admitted to run here only when no other call is unfinished
         if self._count_in(&inline, True) is not None or not inline:
             return None
@@ -354,8 +354,8 @@ cdef class Front:
                     rail.rewind()
         fields[0], fields[1], fields[2], fields[3], fields[4] = ALLREDUCE, o.count, d, k, 0
         try:
-            if o.cuda:  # on the caller's stream, both ways
-                self.cuda.cuda.to_host = self.cuda.cuda.to_device = o.stream
+            if o.cuda:  # ordered after the caller's stream as it is now
+                self.cuda.cuda.caller, self.cuda.cuda.ready = o.stream, NULL
             outcome = self.node_call.call(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],
                                           self.kernel_codes[k], k == AVG, vote, rails, folded, False,
                                           &self.cuda.cuda if o.cuda else NULL, self.staging)

@@ -48,13 +48,14 @@ agreeing on the call, take the reduce's first steps before the vote (ARRIVED, th
 and copy the slice into the result slot after it. If the vote finds that nodes differ, every rank of the
 node has arrived: each ends the chunk (REDUCED, CONSUMED) with no result, so the next call finds the
 node's counters agreeing (MISMATCH_SPENT: the engine counts the chunk as done).
-A CUDA array's call is *staged* (hfr/_cuda.pyx): its copies are queued on two streams, one each way, and
-run while the node works on other chunks. Copy in queues x's part of the chunk (into our input slot, all
-of it: the reduce reads our own slice there too) and an event after it, which the rank waits for before
-ARRIVED. Copy out queues out's part of the result and an event after it; CONSUMED waits for that event:
-the rank publishes it as chunk c + STAGES begins (before that chunk's waits, which may need the others'
-CONSUMED of chunk c), and at the call's end, which thus waits for every copy. A whole call reduces out's
-part into staging, a page-locked buffer of this rank's, and copies it out from there. A call that stops
+A CUDA array's call is *staged* (hfr/_cuda.pyx): its copies are queued on two streams, one each way, and run
+while the node works on other chunks (the device's own, after the caller's work; the caller's stream itself
+for a call of one chunk run on its thread: hfr/_cuda.pyx's order). Copy in queues x's part of the chunk (into
+our input slot, all of it: the reduce reads our own slice there too) and an event after it, which the rank
+waits for before ARRIVED. Copy out queues out's part of the result and an event after it; CONSUMED waits for
+that event: the rank publishes it as chunk c + STAGES begins (before that chunk's waits, which may need the
+others' CONSUMED of chunk c), and at the call's end, which thus waits for every copy. A whole call reduces
+out's part into staging, a page-locked buffer of this rank's, and copies it out from there. A call that stops
 waits for the copies it queued before it returns, so that none touches x or out after.
 With one rank a node, a host array's allreduce of several chunks makes each chunk's result in out itself
 (in_out), where the rail works on it: two copies fewer a chunk, the same bits.
@@ -64,7 +65,7 @@ and turns the outcome into the call's result or error (hfr/engine.py).
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from hfr._cuda cimport Cuda, Device, drain, enter, leave, record, wait
+from hfr._cuda cimport CALL_EVENTS, Cuda, Device, drain, enter, leave, order, record, wait
 from hfr._cuda cimport copy as cuda_copy
 
 from hfr._internode cimport INTERRUPTED as RAIL_INTERRUPTED
@@ -102,11 +103,14 @@ STEP_MARKS = ("begin", "retired", "copied in", "arrived", "reduced", "crossed", 
 
 
 cdef enum CudaStep:  # where a staged call's CUDA failure came (Plan.cuda_step)
-    CUDA_CONTEXT = 1, CUDA_COPY_IN, CUDA_COPY_OUT
+    CUDA_CONTEXT = 1, CUDA_ORDER, CUDA_COPY_IN, CUDA_COPY_OUT
 
 cdef enum:
     IN_EVENTS = 0  # a staged call's events (hfr/_cuda.pyx): after chunk g's copy in, IN_EVENTS + g % STAGES;
     OUT_EVENTS = STAGES  # after its copy out, OUT_EVENTS + g % STAGES
+
+if 2 * STAGES > CALL_EVENTS:
+    raise ImportError(f"hfr/_cuda.pxd's CALL_EVENTS ({CALL_EVENTS}) must hold two events a stage ({STAGES} stages)")
 
 cdef struct Rail:  # a schedule of hfr/_internode.pyx over the rail, made in Python, polled here
     advance_fn advance  # NULL: no schedule
@@ -248,7 +252,7 @@ cdef class NodeCall:
 
     def run(self, list descriptor, size_t x, size_t out, Py_ssize_t out_count, object dtype, object op,
             Schedule vote=None, list rails=None, bint folded=False, bint in_out=False, *, Device cuda=None,
-            uintptr_t to_host=0, uintptr_t to_device=0, size_t staging=0) -> int:
+            uintptr_t caller=0, uintptr_t ready=0, size_t staging=0) -> int:
         """Run the call from chunk chunks_done on; returns its outcome (and, where it failed, the chunk it
         was at: failed_chunk). descriptor: its DESCRIPTOR_FIELDS (collective, x's count, dtype code, op
         code on the wire, root), or a refused call's (count REFUSED: it takes part in the call check and
@@ -261,7 +265,9 @@ cdef class NodeCall:
         arrays, one rank a node): each chunk's result is made in out itself, where its rail works, rather
         than in the result slot.
         With cuda, x and out are on that device and the call is staged (the module's docstring): its copies
-        run on streams to_host and to_device, staging is this rank's page-locked buffer of WHOLE_UP_TO_BYTES."""
+        are ordered after the caller's work on stream caller, that queued by the time event ready (0: none)
+        was recorded on it (hfr/_cuda.pyx, order); staging is this rank's page-locked buffer of
+        WHOLE_UP_TO_BYTES."""
         cdef bint avg = op is Op.AVG
         cdef int code = op_code(Op.SUM if avg else op)
         cdef long long fields[DESCRIPTOR_FIELDS]
@@ -275,7 +281,7 @@ cdef class NodeCall:
                              avg, vote, rails, folded, in_out, NULL, NULL)
         if staging == 0:
             raise ValueError("a staged call needs the staging buffer")
-        cuda.cuda.to_host, cuda.cuda.to_device = to_host, to_device
+        cuda.cuda.caller, cuda.cuda.ready = caller, <void*>ready
         return self.call(fields, <char*>x, <char*>out, out_count, dtype.itemsize, kernel_kind(dtype, code), code, avg,
                          vote, rails, folded, in_out, &cuda.cuda, <char*>staging)
 
@@ -283,7 +289,8 @@ cdef class NodeCall:
                   int code, bint avg, Schedule vote, list rails, bint folded, bint in_out, Cuda* cuda,
                   char* staging) except -1:
         """run() for callers in C: the descriptor's fields (collective, x_count, dtype code, op code on the
-        wire, root), and the kernel's element kind and op code given; with cuda (its streams set), staged.
+        wire, root), and the kernel's element kind and op code given; with cuda (its caller and ready set),
+        staged.
         Counts the call once its ANNOUNCED wait passed, and its chunks once ended (DONE, MISMATCH_SPENT)."""
         cdef Plan p
         cdef Py_ssize_t x_count = max(fields[1], 0), c  # a refused call's count (REFUSED) moves nothing
@@ -342,7 +349,8 @@ cdef class NodeCall:
         return outcome
 
 
-_CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current", CUDA_COPY_IN: "copying x to the host",
+_CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current",
+               CUDA_ORDER: "ordering the copies after the caller's stream", CUDA_COPY_IN: "copying x to the host",
                CUDA_COPY_OUT: "copying the result to the device"}
 
 
@@ -614,7 +622,12 @@ cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
     """_run of a staged call, the device's context current throughout, ended once every copy it queued ran:
     at the end, CONSUMED once the last copies out ran; where it stopped, whatever the copies' fate."""
     cdef int error = enter(p.cuda)
-    cdef int outcome = _cuda_failed(p, error, CUDA_CONTEXT) if error else _run(node, p, vote)
+    cdef int outcome
+    if error:
+        outcome = _cuda_failed(p, error, CUDA_CONTEXT)
+    else:
+        error = order(p.cuda, p.nchunks > 1)
+        outcome = _cuda_failed(p, error, CUDA_ORDER) if error else _run(node, p, vote)
     if outcome == DONE and _retire(node, p, p.first_chunk + p.nchunks) != WAITED:
         outcome = CUDA_FAILED
     if outcome != DONE and not error:

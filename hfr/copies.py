@@ -1,11 +1,11 @@
 """What the engine needs for a CuPy array's calls, which run staged in C (hfr/_node_call.pyx, through the
-driver: hfr/_cuda.pyx): two streams of the Communicator's own, one each way, so that a call's copies in and
-out overlap (the GPU's copy engines, no kernel), ordered after the work the caller had queued on its
-current stream when it made the call; and a page-locked staging buffer for a small call's result.
+driver: hfr/_cuda.pyx, which also orders a call's copies after its caller's work): the device, and a
+page-locked staging buffer for a small call's result; and, for a call that runs later than it is made, an
+event recorded on the caller's stream when it is made.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -24,9 +24,8 @@ def caller_ready(stream: Any, device: int) -> Any:
 
 
 class CudaCopies:
-    """CuPy arrays on one device, whose calls are staged in C through `driver` (hfr/_cuda.pyx) on the streams
-    that streams() names, with `staging`, page-locked, for a small call's result. Used with that device
-    current (the engine makes it so), so that every event is made on the streams' device."""
+    """CuPy arrays on one device, whose calls are staged in C through `driver` (hfr/_cuda.pyx), with
+    `staging`, page-locked, for a small call's result."""
 
     def __init__(self, device: int, staging_bytes: int):
         import cupy
@@ -37,24 +36,5 @@ class CudaCopies:
         self.device = device
         self.driver = Device(device)
         with cupy.cuda.Device(device):
-            self.to_host = cupy.cuda.Stream(non_blocking=True)
-            self.to_device = cupy.cuda.Stream(non_blocking=True)
             self.staging = cupyx.empty_pinned(staging_bytes, np.uint8)
         self.staging_address = self.staging.ctypes.data
-
-    def begin(self, ready: Optional[Any], caller: Any) -> None:
-        """Order the copies that follow after the event recorded on the caller's stream when the call was
-        queued; with none (a call run on the caller's thread), after the caller's stream as it is now."""
-        if ready is None:
-            ready = caller_ready(caller, self.device)
-        self.to_host.wait_event(ready)
-        self.to_device.wait_event(ready)
-
-    def streams(self, ready: Optional[Any], caller: Any, several: bool) -> tuple[int, int]:
-        """The streams (handles) that a call staged in C copies in and out on: the caller's stream for a
-        call of one chunk run on its thread (ready None: in that stream's order, without an event), else
-        ours after begin(ready), so that a call of several chunks copies both ways at once."""
-        if ready is None and not several:
-            return caller.ptr, caller.ptr
-        self.begin(ready, caller)
-        return self.to_host.ptr, self.to_device.ptr

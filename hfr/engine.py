@@ -11,8 +11,8 @@ The engine's chunk (self.chunk) is chunk_bytes across nodes, and on one node a *
 (cache_chunk_bytes): its stages in flight stay in the last-level cache. Every rank cuts a call alike,
 since a call's descriptor says nothing of where its arrays are.
 The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock for
-the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's of one chunk
-on this engine's device once _copies has met one) in C.
+the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's on this
+engine's device once _copies has met one; across nodes of one chunk only) in C.
 """
 from __future__ import annotations
 
@@ -302,18 +302,18 @@ class Engine:
     def _run_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
         """The call's chunk loop in C (hfr/_node_call.pyx), with the GIL released throughout (across nodes
         with the rail's vote and each chunk's rail schedule polled in C too). With copies (a CUDA array) the
-        call is staged: x's chunks copied into our input slots and our part of the result out, on the
-        streams copies.streams names."""
+        call is staged: x's chunks copied into our input slots and our part of the result out, after the
+        caller's work on x's stream (that queued by call.ready, where the call was queued)."""
         x, out, g = call.x, call.out, self._node_call.chunks_done
-        cuda, to_host, to_device, staging = None, 0, 0, 0
+        cuda, caller, ready, staging = None, 0, 0, 0
         if copies is not None:
-            cuda, staging = copies.driver, copies.staging_address
-            to_host, to_device = copies.streams(call.ready, x.stream, several=call.nbytes > self.chunk)
+            cuda, caller, staging = copies.driver, x.stream.ptr, copies.staging_address
+            ready = 0 if call.ready is None else call.ready.ptr
         vote, rails, folded = self._rails(call, g)
         try:
             outcome = self._node_call.run(call.descriptor(), x.address, out.address, out.size, x.dtype, call.op, vote,
-                                          rails, folded, self._result_in_out(call), cuda=cuda, to_host=to_host,
-                                          to_device=to_device, staging=staging)
+                                          rails, folded, self._result_in_out(call), cuda=cuda, caller=caller,
+                                          ready=ready, staging=staging)
         except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
             self._abandon(vote, rails)
             raise

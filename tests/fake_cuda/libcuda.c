@@ -72,6 +72,24 @@ int cuStreamSynchronize(uintptr_t handle) {
     pthread_mutex_unlock(&lock);
     return 0;
 }
+int cuStreamCreate(uintptr_t *handle, unsigned int flags) {
+    static uintptr_t made = 0x10000;  /* apart from the fake cupy's handles */
+    in_context("a stream");
+    pthread_mutex_lock(&lock);
+    *handle = made++;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+int cuStreamDestroy_v2(uintptr_t handle) {
+    pthread_mutex_lock(&lock);
+    struct stream *s = stream_of(handle);
+    run_until(s, s->queued);
+    s->used = 0;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+/* The caller's work on a fake cupy stream is done as it is queued: a wait for it has nothing to wait for. */
+int cuStreamWaitEvent(uintptr_t handle, void *event, unsigned int flags) { in_context("a stream's wait"); return 0; }
 int cuEventCreate(void **event, unsigned int flags) {
     in_context("an event");
     *event = calloc(1, sizeof(struct event));

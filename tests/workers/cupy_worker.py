@@ -110,32 +110,35 @@ for blocking in (False, True):
             y = comm.allreduce(x) if blocking else comm.allreduce_async(x).wait(timeout=120)
         assert float(cp.asnumpy(y).min()) == float(cp.asnumpy(y).max()) == size * (size + 1) / 2, (blocking, count)
 
-# Made on x's device, also when the caller has another device current: every event and copy of a call
-# of several chunks; a call of one chunk staged in C (through the CUDA driver, with x's device's context)
-# makes none through CuPy, and leaves the caller's device current.
+# Made on x's device, also when the caller has another device current: a blocking call, staged in C
+# (through the CUDA driver, in x's device's context, on its own streams or the caller's), makes no event or
+# copy through CuPy; an async call records one event through CuPy (its copies wait for it), on x's device.
+# Both leave the caller's device current.
+other = (mine + 1) % devices
 for count in (3 << 20, 1000):
-    with cp.cuda.Device(mine):
-        x = cp.full(count, rank + 1.0, cp.float32)
-    other = (mine + 1) % devices
-    cp.cuda.Device(other).use()
-    seen.clear()
-    comm.allreduce(x)
-    assert cp.cuda.runtime.getDevice() == other
-    with cp.cuda.Device(mine):
-        assert float(x[-1].get()) == size * (size + 1) / 2
-    assert all(current == mine and stream in (None, -1, mine) for _, current, stream in seen), seen
-    assert bool(seen) == (size > 1 and count > 1000), (count, seen)
-    cp.cuda.Device(mine).use()
+    for blocking in (True, False):
+        with cp.cuda.Device(mine):
+            x = cp.full(count, rank + 1.0, cp.float32)
+        cp.cuda.Device(other).use()
+        seen.clear()
+        comm.allreduce(x) if blocking else comm.allreduce_async(x).wait(timeout=120)
+        assert cp.cuda.runtime.getDevice() == other
+        with cp.cuda.Device(mine):
+            assert float(x[-1].get()) == size * (size + 1) / 2
+        assert all(current == mine and stream in (None, -1, mine) for _, current, stream in seen), seen
+        assert [what for what, _, _ in seen] == ([] if blocking else ["event"]), (count, blocking, seen)
+        cp.cuda.Device(mine).use()
 
-# The front (hfr/_front.pyx) takes a blocking allreduce of one chunk of a CuPy array on the communicator's
-# device once the engine has met one (above): on one node every call, across nodes once the engine has
-# made the call shape's rail schedules (its first call on each of the 3 stages). Each is right, element
+# The front (hfr/_front.pyx) takes a blocking allreduce of a CuPy array on the communicator's device once
+# the engine has met one (above): on one node every call, of any size, across nodes a call of one chunk once
+# the engine has made the call shape's rail schedules (its first call on each of the 3 stages). Each is right, element
 # by element, on the caller's current stream (behind a write queued there), x untouched out of place.
 if size > 1:  # one rank has no engine: its calls return x (or a copy)
     python_calls = []
     run_held = comm._engine.run_held
     comm._engine.run_held = lambda call: (python_calls.append(call), run_held(call))[1]
-    for count in (1, 257, 1024, 1025, 100003):  # 1024 float32: the largest whole call; 100003: the result slot's
+    # 1024 float32: the largest whole call; 100003: the result slot's; 600001: several chunks (one node only)
+    for count in (1, 257, 1024, 1025, 100003) + ((600001,) if comm.nnodes == 1 else ()):
         for dtype in (np.float32, np.float16, np.int32):
             for placement in ("in place", "out of place"):
                 for _ in range(1 if comm.nnodes == 1 else 4):

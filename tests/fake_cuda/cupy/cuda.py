@@ -49,6 +49,7 @@ def get_current_stream(device_id: int = -1) -> Stream:
 class Event:
     def __init__(self, block: bool = False, disable_timing: bool = False):
         self.done = True
+        self.ptr = next(_handles)  # never looked at: the fake driver's stream waits wait for nothing
 
     def record(self, stream=None) -> None:
         pass
