@@ -10,7 +10,7 @@ running lock).
 allreduce() takes the blocking allreduce, where Python around the C protocol (hfr/_node_call.pyx) cost more
 than the protocol (bench/RESULTS.md): checked, admitted, run and counted out here. A NumPy array or a CPU
 torch tensor (its pointer, dtype and shape read from the tensor: no DLPack view), and once the engine has met
-a CuPy array (take_cuda) a CuPy array on that device, staged in C after the work queued on the caller's
+a CUDA array (take_cuda) a CuPy array or CUDA tensor on that device, staged in C after the work queued on the caller's
 current stream of the device: of any size on one node, of one chunk across nodes. It returns None, before
 admitting it, for anything else, and the engine's Python takes that call, raising what it raises: another
 array or argument, one that the checks would refuse, a call not to be run on this thread (another is
@@ -94,8 +94,8 @@ cdef class Front:
     cdef int cuda_device
     cdef char* staging
     # torch tensors, once torch is imported: torch.Tensor, torch.strided, each of DTYPES' torch dtype -> its
-    # wire code, and what inspect (hfr/arrays.py) asks of a tensor it writes
-    cdef object tensor_type, strided, grad_enabled, increment_version
+    # wire code, what inspect (hfr/arrays.py) asks of a tensor it writes, and torch.cuda.current_stream
+    cdef object tensor_type, strided, grad_enabled, increment_version, tensor_stream
     cdef dict tensor_dtype_codes
 
     def __cinit__(self):
@@ -304,14 +304,20 @@ cdef class Front:
             self.tensor_dtype_codes = {t: self.dtype_codes[d] for t, d in torch_dtypes(torch).items()}
             self.strided, self.grad_enabled = torch.strided, torch.is_grad_enabled
             self.increment_version = torch.autograd.graph.increment_version
+            self.tensor_stream = torch.cuda.current_stream
             self.tensor_type = torch.Tensor
         return type(x) is self.tensor_type
 
     cdef bint _tensor_operands(self, x, out, Operands* o) except -1:
-        """Whether x and out (or None) are CPU tensors the front takes, as inspect (hfr/arrays.py) would pass
-        them: dense, of one of our dtypes, contiguous, not empty, the one written not requiring grad while
-        grad mode is on, out of x's dtype and shape, either x's memory or apart from it; into o."""
-        if not x.is_cpu or x.layout is not self.strided or not x.is_contiguous():
+        """Whether x and out (or None) are tensors the front takes, as inspect (hfr/arrays.py) would pass them:
+        both on the CPU or both on our CUDA device (once take_cuda), dense, of one of our dtypes, contiguous,
+        not empty, the one written not requiring grad while grad mode is on, out of x's dtype and shape,
+        either x's memory or apart from it; into o. A CUDA tensor's copies follow torch's current stream."""
+        cdef bint cuda = x.is_cuda
+        cdef int device = x.get_device() if cuda else -1
+        if not (x.is_cpu or cuda and device == self.cuda_device and self.cuda is not None):
+            return False
+        if x.layout is not self.strided or not x.is_contiguous():
             return False
         o.dtype, o.count = self.tensor_dtype_codes.get(x.dtype, -1), x.numel()
         if o.dtype < 0 or o.count == 0:
@@ -320,14 +326,18 @@ cdef class Front:
         y = x
         if out is not None:  # in place needs no second look
             y = out
-            if type(y) is not self.tensor_type or not y.is_cpu or y.layout is not self.strided:
+            if type(y) is not self.tensor_type or y.layout is not self.strided:
+                return False
+            if not (y.is_cuda and y.get_device() == device if cuda else y.is_cpu):
                 return False
             if y.dtype is not x.dtype or y.shape != x.shape or not y.is_contiguous():
                 return False
             o.out = <char*><uintptr_t>y.data_ptr()
         if y.requires_grad and self.grad_enabled():
             return False
-        o.cuda, o.stream, o.tensor = False, 0, True
+        o.cuda, o.stream, o.tensor = cuda, 0, True
+        if cuda:
+            o.stream = self.tensor_stream(device).cuda_stream
         return _apart(o.x, o.out, o.count * self.itemsizes[o.dtype])
 
     cdef _run_held(self, x, op, out, Operands* o, int k):

@@ -1,6 +1,6 @@
 """The arrays hfr accepts, checked up front: NumPy on the host, CuPy on a GPU, and PyTorch tensors on
-either (zero-copy: a CPU tensor as a NumPy view, a CUDA one through DLPack; torch itself is imported only
-when a tensor is passed).
+either (zero-copy: a CPU tensor as a NumPy view, a CUDA one as itself; torch itself is imported only when a
+tensor is passed).
 
 `inspect` turns a user's array into an Array: its library, where its memory is, device, dtype,
 element count, a flat view and the stream its pending GPU work is queued on, or raises
@@ -22,8 +22,8 @@ __all__ = ["Array", "inspect", "check_out", "check_shards"]
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~1 us more, on every call
 class Array:
-    """A checked array: `flat` is a 1-D view of the same memory, a numpy.ndarray when kind is "numpy",
-    a cupy.ndarray when kind is "cupy" (a bfloat16 tensor on a GPU is viewed as its int16 bits there)."""
+    """A checked array: `flat` is a 1-D view of the same memory, a numpy.ndarray when kind is "numpy", a
+    cupy.ndarray when kind is "cupy" (CUDA memory), or a CUDA tensor's own 1-D view."""
 
     obj: Any  # what the user passed, returned to them as the result
     flat: Any
@@ -76,7 +76,8 @@ def inspect(x: Any, name: str = "x", *, writable: bool = True) -> Array:
 
 
 def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
-    """A torch tensor, on the CPU (viewed as a NumPy array) or a CUDA device (through DLPack, as CuPy's).
+    """A torch tensor, on the CPU (viewed as a NumPy array) or a CUDA device (its pointer, with torch's current
+    stream as a CuPy ExternalStream: no DLPack view, which cost more than a small call).
 
     Writing into a tensor that requires grad is refused while grad mode is on, as torch refuses
     in-place ops on leaves: reduce under torch.no_grad(), or reduce t.detach() or t.grad. The write
@@ -94,20 +95,19 @@ def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
         raise ValueError(f"{name} requires grad and cannot be written in place while grad mode is on: "
                          f"reduce it under torch.no_grad(), or pass {name}.detach()")
     dtype = dtypes[t.dtype]
-    bits = t.detach()
-    if t.dtype == torch.bfloat16:  # DLPack has bfloat16 but NumPy and CuPy cannot import it
-        bits = bits.view(torch.int16)
     if t.is_cuda:
         import cupy
 
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream, t.device.index)
-        flat, kind, device = _flat(cupy.from_dlpack(bits)), "cupy", t.device.index
-    else:  # its NumPy view (what DLPack would give, for a quarter of the time)
+        flat, kind, device, address = t.detach().view(-1), "cupy", t.device.index, t.data_ptr()
+    else:  # its NumPy view (what DLPack would give, for a quarter of the time); NumPy has no bfloat16
+        bits = t.detach().view(torch.int16) if t.dtype == torch.bfloat16 else t.detach()
         flat, kind, device, stream = _flat(bits.numpy()).view(dtype), "numpy", None, None
+        address = data_address(flat)
     if writable:
         torch.autograd.graph.increment_version(t)
-    return Array(t, flat, kind, device, dtype, tuple(t.shape), "torch", stream, _address(flat, kind), flat.size,
-                 flat.size * dtype.itemsize)
+    return Array(t, flat, kind, device, dtype, tuple(t.shape), "torch", stream, address, t.numel(),
+                 t.numel() * dtype.itemsize)
 
 
 _TORCH_DTYPES: dict = {}  # torch dtype -> ours, made at the first tensor (~16 us: torch's getattr is slow)

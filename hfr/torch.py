@@ -254,7 +254,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
 
     Every call returns at once with a Work that completes once the data is in place (wait() blocks the
     host until then; get_future() gives the tensors, as gloo's Works do), but a blocking all_reduce of one
-    CPU tensor (dist.all_reduce without async_op), which runs before it returns; a failed call (ranks that
+    tensor (dist.all_reduce without async_op), which runs before it returns; a failed call (ranks that
     disagree, a peer that never comes) raises from wait(), from its future and from the blocking dist.*
     calls, on every rank. The group's calls complete independently of other groups'. Tensors must be
     contiguous, of a dtype hfr reduces, on the CPU or on one CUDA device: others raise
@@ -310,8 +310,8 @@ class ProcessGroupHFR(dist.ProcessGroup):
 
     def _allreduce_here(self, tensors: list[torch.Tensor], op: Op) -> Optional[dist.Work]:
         """The all_reduce of tensors[0] run on this thread by hfr's front (hfr/_front.pyx), which takes a CPU
-        tensor when no other call is unfinished, as a finished Work (its failure in the Work); None where the
-        front does not take it."""
+        tensor (or a CUDA one, on the device the group has met) when no other call is unfinished, as a
+        finished Work (its failure in the Work); None where the front does not take it."""
         t = tensors[0]
         try:
             if self.hfr._front.allreduce(t.detach() if t.requires_grad else t, op, None) is None:
