@@ -199,52 +199,16 @@ class _Work(dist.Work):
         return self.exception() is None
 
 
-class _Finished(dist.Work):
-    """The Work of a call that ran before it was returned: complete, its failure (if any) raised by wait()
-    and by its future, as _Work's."""
-
-    def __init__(self, result: list[torch.Tensor], error: Optional[BaseException]):
-        super().__init__()
-        self._result, self._error = result, error
-
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        if self._error is not None:
-            raise self._error
-        return True
-
-    synchronize = wait
-
-    def get_future(self) -> torch.futures.Future:
-        future = torch.futures.Future()
-        if self._error is None:
-            future.set_result(self._result)
-        else:
-            future.set_exception(self._error)
-        return future
-
-    def is_completed(self) -> bool:
-        return True
-
-    def exception(self) -> Optional[BaseException]:
-        return self._error
-
-    def is_success(self) -> bool:
-        return self._error is None
-
-
 # ------------------------------------------------------------------------------------- the backend
 # torch's reduce ops that hfr does; the others (BAND, BOR, BXOR, PREMUL_SUM) go to the gloo group.
-_OPS = {dist.ReduceOp.SUM: Op.SUM, dist.ReduceOp.AVG: Op.AVG, dist.ReduceOp.MAX: Op.MAX, dist.ReduceOp.MIN: Op.MIN,
-        dist.ReduceOp.PRODUCT: Op.PROD}  # by RedOpType: a lookup, not pybind11 comparisons (~0.3 us each)
+# Keyed by RedOpType's value: pybind11's enums hash and compare in Python (a lookup by member: ~0.6 us).
+_OPS = {op.value: ours for op, ours in ((dist.ReduceOp.SUM, Op.SUM), (dist.ReduceOp.AVG, Op.AVG),
+                                         (dist.ReduceOp.MAX, Op.MAX), (dist.ReduceOp.MIN, Op.MIN),
+                                         (dist.ReduceOp.PRODUCT, Op.PROD))}
 # What hfr does not do goes to gloo, under torch's own method names (those this torch has).
 _TO_GLOO = ("alltoall", "alltoall_base", "all_to_all_single", "send", "recv", "recv_anysource", "gather", "scatter",
             "allgather_coalesced", "monitored_barrier")
 _world: MPI.Intracomm = MPI.COMM_WORLD  # the MPI ranks that are torch's global ranks (init_process_group's comm)
-
-
-def _hfr_op(op: Any) -> Optional[Op]:
-    """hfr's op for torch's (a ReduceOp, as options carry it, or one of its RedOpType members), or None."""
-    return _OPS.get(op.op if type(op) is dist.ReduceOp else op)
 
 
 class ProcessGroupHFR(dist.ProcessGroup):
@@ -254,9 +218,9 @@ class ProcessGroupHFR(dist.ProcessGroup):
 
     Every call returns at once with a Work that completes once the data is in place (wait() blocks the
     host until then; get_future() gives the tensors, as gloo's Works do), but a blocking all_reduce of one
-    tensor (dist.all_reduce without async_op), which runs before it returns; a failed call (ranks that
-    disagree, a peer that never comes) raises from wait(), from its future and from the blocking dist.*
-    calls, on every rank. The group's calls complete independently of other groups'. Tensors must be
+    tensor (dist.all_reduce without async_op), which runs before it returns, and returns no Work; a failed
+    call (ranks that disagree, a peer that never comes) raises from wait(), from its future and from the
+    blocking dist.* calls, on every rank. The group's calls complete independently of other groups'. Tensors must be
     contiguous, of a dtype hfr reduces, on the CPU or on one CUDA device: others raise
     TypeError/ValueError on the calling rank, before anything is modified. Tensors that require grad are
     reduced as gloo does (collectives are not autograd ops), their version counter bumped.
@@ -269,6 +233,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
             raise ValueError(f"torch rank {rank} of {size} is MPI rank {comm.rank} of {comm.size}: set torch.distributed "
                              f"up with hfr.torch.init_process_group, whose ranks are MPI's")
         self.hfr = Communicator(comm)
+        self._front = self.hfr._front
         self._completer = _Completer()
         atexit.register(self.shutdown)
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("hfr-gloo", store), rank, size, timeout)
@@ -296,29 +261,20 @@ class ProcessGroupHFR(dist.ProcessGroup):
         super().shutdown()
 
     # --- what hfr does ---------------------------------------------------------------------------
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        op = _hfr_op(self._op(opts))
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Optional[dist.Work]:
+        op = self._op(opts)
         if op is None:
             return self.gloo.allreduce(tensors, opts)
-        # a blocking call (torch waits for it at once) runs here: no thread hand-offs
-        if len(tensors) == 1 and not getattr(opts, "asyncOp", True) and self.hfr._front is not None:
-            work = self._allreduce_here(tensors, op)
-            if work is not None:
-                return work
+        # A blocking call of one tensor (torch waits for it at once) that hfr's front (hfr/_front.pyx) takes,
+        # a CPU tensor or a CUDA one on the device the group has met, while no other call is unfinished,
+        # runs here, on this thread, and returns no Work: torch takes None as a call the backend has
+        # synchronised, and the call's failure raises from here (from dist.all_reduce).
+        if len(tensors) == 1 and not getattr(opts, "asyncOp", True) and self._front is not None:
+            t = tensors[0]
+            if self._front.allreduce(t.detach() if t.requires_grad else t, op, None) is not None:
+                return None
         self._check(tensors)
         return self._work([self.hfr.allreduce_async(t.detach(), op) for t in tensors], lambda: tensors, tensors)
-
-    def _allreduce_here(self, tensors: list[torch.Tensor], op: Op) -> Optional[dist.Work]:
-        """The all_reduce of tensors[0] run on this thread by hfr's front (hfr/_front.pyx), which takes a CPU
-        tensor (or a CUDA one, on the device the group has met) when no other call is unfinished, as a
-        finished Work (its failure in the Work); None where the front does not take it."""
-        t = tensors[0]
-        try:
-            if self.hfr._front.allreduce(t.detach() if t.requires_grad else t, op, None) is None:
-                return None
-        except Exception as error:
-            return _Finished(tensors, error)
-        return _Finished(tensors, None)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         return self.allreduce(tensors, opts)
@@ -329,7 +285,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
         return self._work([self.hfr.broadcast_async(t.detach(), root) for t in tensors], lambda: tensors, tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        op = _hfr_op(self._op(opts))
+        op = self._op(opts)
         if op is None:
             return self.gloo.reduce(tensors, opts)
         root = self._root(opts)
@@ -341,7 +297,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
         return self._work([self.hfr.allgather_async(input.detach(), output.detach())], lambda: [output], [output])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        op = _hfr_op(self._op(opts))
+        op = self._op(opts)
         if op is None:
             return self.gloo._reduce_scatter_base(output, input, opts)
         self._check([output, input])
@@ -356,9 +312,9 @@ class ProcessGroupHFR(dist.ProcessGroup):
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
-        op = _hfr_op(self._op(opts))
+        op = self._op(opts)
         if op is None:
-            raise ValueError(f"hfr's backend does not do coalesced reduce_scatter with {self._op(opts)}")
+            raise ValueError(f"hfr's backend does not do coalesced reduce_scatter with {opts.reduceOp}")
         self._check([*outputs, *inputs])
         works = [self.hfr.reduce_scatter_async(i.detach(), o.detach(), op) for o, i in zip(outputs, inputs)]
         return self._work(works, lambda: outputs, outputs)
@@ -386,7 +342,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> dist.Work:
         """Each list of inputs reduced through one flat buffer, made on the calling thread."""
-        op = _hfr_op(self._op(opts))
+        op = self._op(opts)
         if op is None:
             return self.gloo.reduce_scatter(outputs, inputs, opts)
         self._check(outputs + [t for ts in inputs for t in ts])
@@ -401,8 +357,9 @@ class ProcessGroupHFR(dist.ProcessGroup):
 
     # --- helpers -----------------------------------------------------------------------------------
     @staticmethod
-    def _op(opts: Any) -> Any:
-        return dist.ReduceOp.SUM if opts is None else opts.reduceOp
+    def _op(opts: Any) -> Optional[Op]:
+        """hfr's op for the options' reduceOp (a ReduceOp; SUM without options), None for one it does not do."""
+        return Op.SUM if opts is None else _OPS.get(opts.reduceOp.op.value)
 
     def _root(self, opts: Any) -> int:
         return 0 if opts is None else opts.rootRank
