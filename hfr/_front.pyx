@@ -370,9 +370,9 @@ cdef class Front:
                                           self.kernel_codes[k], k == AVG, vote, rails, folded, False,
                                           &self.cuda.cuda if o.cuda else NULL, self.staging)
         except BaseException as error:  # Ctrl-C in a wait
-            raise self.engine.front_failed(x, op, out, error, g, vote, rails)
+            raise self.engine.front_failed(x, op, out, error, vote, rails)
         if outcome != DONE:
-            raise self.engine.front_failed(x, op, out, outcome, g, vote, rails)
+            raise self.engine.front_failed(x, op, out, outcome, vote, rails)
 
     cdef int _dtype_code(self, object dtype) except -2:
         """dtype's wire code, -1 where it is none of DTYPES (as the engine's checks compare dtypes)."""

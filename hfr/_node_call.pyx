@@ -166,6 +166,7 @@ cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out)
     while not counters_reached(node.control, node.row_words, node.local_size, column, target,
                                min(HFR_SIGNAL_CHECK_S, deadline - hfr_now())):
         if hfr_now() >= deadline:
+            node.late_column, node.late_target = column, target
             return timed_out
         if signal_raised():
             return INTERRUPTED
@@ -245,6 +246,11 @@ cdef class NodeCall:
         if rows.shape[1] != MARKS:
             raise ValueError(f"marks needs {MARKS} columns (STEP_MARKS), got {rows.shape[1]}")
         self.marks, self.mark_rows, self.marked = &rows[0, 0] if rows.shape[0] else NULL, rows.shape[0], marks
+
+    @property
+    def late_wait(self) -> tuple:
+        """(counter column, target) of the last wait that timed out: a WAIT_ outcome's."""
+        return self.node.late_column, self.node.late_target
 
     def publish(self, Py_ssize_t column, int64_t value) -> None:
         """Our counter in column := value, seen by the others after every store of ours before it."""

@@ -278,7 +278,7 @@ class Engine:
         self.front.broken = error = _as_hfr_error(failure, call, self.layout) if wrap else failure
         return error
 
-    def front_failed(self, x: Any, op: Any, out: Any, ended: Any, g: int, vote, rails) -> BaseException:
+    def front_failed(self, x: Any, op: Any, out: Any, ended: Any, vote, rails) -> BaseException:
         """What an allreduce that the front ran in C raises where it did not end DONE: ended is its outcome,
         or the exception that stopped it (Ctrl-C in a wait); as for the engine's own calls
         (_run_in_c, then _execute)."""
@@ -287,7 +287,7 @@ class Engine:
             if isinstance(ended, BaseException):
                 self._abandon(vote, rails)
                 raise ended
-            self._c_call_failed(call, ended, g, vote, rails)  # raises
+            self._c_call_failed(call, ended, vote, rails)  # raises
         except BaseException as failure:
             return self._failed(call, failure)
 
@@ -318,7 +318,7 @@ class Engine:
             self._abandon(vote, rails)
             raise
         if outcome != _node_call.Outcome.DONE:
-            self._c_call_failed(call, outcome, g, vote, rails)
+            self._c_call_failed(call, outcome, vote, rails)
 
     def _abandon(self, vote, rails) -> None:
         """After Ctrl-C in a call in C: the vote and the schedule of the chunk it stopped at may have receives
@@ -418,13 +418,13 @@ class Engine:
                                   scratch=self._rail_scratch)
         return self._vote, [rail], False
 
-    def _c_call_failed(self, call: Call, outcome: int, g: int, vote, rails) -> None:
-        """Raise what the outcome of a call in C from chunk g on means (NodeCall counted the call, and its
-        chunks where they ended)."""
+    def _c_call_failed(self, call: Call, outcome: int, vote, rails) -> None:
+        """Raise what the outcome of a call in C means (NodeCall counted the call, and its chunks where they
+        ended; a wait that timed out, the counter and target it waited for)."""
         Outcome = _node_call.Outcome
         if outcome == Outcome.WAIT_CALL:
             raise self._timed_out(f"{call.collective}: the node's ranks to make the call",
-                                  self._laggards(ANNOUNCED, self._node_call.calls_done + 1))
+                                  self._laggards(*self._node_call.late_wait))
         if outcome == Outcome.MISMATCH_SPENT:  # every rank of the node ended chunk g with no result
             outcome = Outcome.MISMATCH
         if outcome == Outcome.VOTE_STOPPED:
@@ -444,15 +444,15 @@ class Engine:
         if outcome == Outcome.CUDA_FAILED:
             raise RuntimeError(self._node_call.cuda_failure)
         c = self._node_call.failed_chunk
-        where, g = f"{call.collective} chunk {c + 1}/{self._node_call.call_chunks}", g + c
-        column, target, what = {
-            Outcome.WAIT_INPUT_SLOT: (REDUCED, g - STAGES + 1, f"{where}: the node's ranks to finish reading our input slot"),
-            Outcome.WAIT_RESULT_SLOT: (CONSUMED, g - STAGES + 1, f"{where}: the result slot to be copied out"),
-            Outcome.WAIT_ARRIVED: (ARRIVED, g + 1, f"{where}: the node's ranks to copy their data in"),
-            Outcome.WAIT_PREVIOUS_RESULT: (CONSUMED, g - STAGES + 1, f"{where}: the previous result to be copied out"),
-            Outcome.WAIT_REDUCED: (REDUCED, g + 1, f"{where}: the node's ranks to finish their slices"),
+        where = f"{call.collective} chunk {c + 1}/{self._node_call.call_chunks}"
+        what = {
+            Outcome.WAIT_INPUT_SLOT: "the node's ranks to finish reading our input slot",
+            Outcome.WAIT_RESULT_SLOT: "the result slot to be copied out",
+            Outcome.WAIT_ARRIVED: "the node's ranks to copy their data in",
+            Outcome.WAIT_PREVIOUS_RESULT: "the previous result to be copied out",
+            Outcome.WAIT_REDUCED: "the node's ranks to finish their slices",
         }[outcome]
-        raise self._timed_out(what, self._laggards(column, target))
+        raise self._timed_out(f"{where}: {what}", self._laggards(*self._node_call.late_wait))
 
     @staticmethod
     def _cuda_device(x: Array):
