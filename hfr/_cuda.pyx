@@ -98,16 +98,21 @@ cdef enum:
     CALLER_READY = CALL_EVENTS  # the event order() records on the caller's stream
 
 
-cdef int enter(Cuda* cuda) noexcept nogil:
-    """Make the device's primary context current for the copies that follow (made its events and its own
-    streams, the first time). Returns the CUresult (0: entered); leave() after either way."""
+cdef int _push(Cuda* cuda) noexcept nogil:
+    """Make the device's primary context current, if it is not. Returns the CUresult; leave() after."""
     cdef void* current = NULL
-    cdef int error = cu_get_current(&current), i
+    cdef int error = cu_get_current(&current)
     cuda.pushed = False
     if not error and current != cuda.context:
         error = cu_push_current(cuda.context)
         cuda.pushed = not error
-    i = 0
+    return error
+
+
+cdef int enter(Cuda* cuda) noexcept nogil:
+    """Make the device's primary context current for the copies that follow (made its events and its own
+    streams, the first time). Returns the CUresult (0: entered); leave() after either way."""
+    cdef int error = _push(cuda), i = 0
     while not error and i < CUDA_EVENTS:
         if cuda.events[i] == NULL:
             error = cu_event_create(&cuda.events[i], EVENT_DISABLE_TIMING)
@@ -194,7 +199,7 @@ cdef class Device:
         cdef int i
         if self.cuda.context == NULL:
             return
-        if self.cuda.events[0] != NULL and not enter(&self.cuda):  # enter() makes none: it made them all
+        if not _push(&self.cuda):  # whatever enter() made, in the context it was made in
             for i in range(CUDA_EVENTS):
                 if self.cuda.events[i] != NULL:
                     cu_event_destroy(self.cuda.events[i])

@@ -87,8 +87,9 @@ cdef class Front:
     cdef bint floating[MAX_DTYPES]
     cdef Kind kinds[MAX_DTYPES][OPS]
     cdef int kernel_codes[OPS]
-    # CuPy arrays, once the engine has met one (take_cuda): cupy.ndarray, on this device, staged through
-    # cuda with staging (hfr/_node_call.pyx), on the stream cupy.cuda.get_current_stream(device) gives
+    # CUDA arrays, once the engine has met one (take_cuda): cupy.ndarray (and CUDA tensors) on this device,
+    # staged through cuda with staging (hfr/_node_call.pyx) after the caller's current stream: the one
+    # cupy.cuda.get_current_stream(device) gives (torch.cuda.current_stream(device) for a tensor)
     cdef object cuda_array, current_stream, staging_buffer
     cdef Device cuda
     cdef int cuda_device
@@ -120,7 +121,8 @@ cdef class Front:
                 self.kinds[d][k] = kernel_kind(self.dtypes[d], self.kernel_codes[k])
 
     def take_cuda(self, copies) -> None:
-        """Take blocking allreduces of CuPy arrays on the device of copies (the engine's CudaCopies) too."""
+        """Take blocking allreduces of CuPy arrays and CUDA tensors on the device of copies (the engine's
+        CudaCopies) too."""
         import cupy
 
         self.cuda, self.cuda_device, self.staging_buffer = copies.driver, copies.device, copies.staging

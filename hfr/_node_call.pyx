@@ -355,7 +355,7 @@ cdef class NodeCall:
         return outcome
 
 
-_CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current",
+_CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current (its events and streams, the first time)",
                CUDA_ORDER: "ordering the copies after the caller's stream", CUDA_COPY_IN: "copying x to the host",
                CUDA_COPY_OUT: "copying the result to the device"}
 

@@ -105,7 +105,7 @@ class Communicator:
     # --- collectives ---------------------------------------------------------------------------
     def allreduce(self, x: Any, op: OpLike = "sum", out: Any = None) -> Any:
         """Reduce x over all ranks; every rank gets the result, in x or in out. Returns it."""
-        if self._front is not None:  # a NumPy or CuPy array's call runs whole in C (hfr/_front.pyx)
+        if self._front is not None:  # most calls run in C from here (hfr/_front.pyx says which)
             result = self._front.allreduce(x, op, out)
             if result is not None:
                 return result

@@ -11,12 +11,12 @@ The engine's chunk (self.chunk) is chunk_bytes across nodes, and on one node a *
 (cache_chunk_bytes): its stages in flight stay in the last-level cache. Every rank cuts a call alike,
 since a call's descriptor says nothing of where its arrays are.
 The **front** (hfr/_front.pyx) is the calling thread's side: it admits calls, holds the running lock for
-the call that runs, and runs a blocking allreduce itself (a host array's, or a CuPy array's on this
-engine's device once _copies has met one; across nodes of one chunk only) in C.
+the call that runs, and runs a blocking allreduce itself (a host array's or CPU tensor's, or a CuPy
+array's or CUDA tensor's on this engine's device once _copies has met one; across nodes of one chunk only)
+in C.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import threading
@@ -44,8 +44,6 @@ __all__ = ["Engine", "Call", "COLLECTIVES"]
 
 # The protocol's numbers, defined once in hfr/_node_call.pxd
 STAGES = int(Protocol.STAGES)
-ANNOUNCED, ARRIVED, REDUCED, CONSUMED = (int(w) for w in (Protocol.ANNOUNCED, Protocol.ARRIVED, Protocol.REDUCED,
-                                                             Protocol.CONSUMED))
 CLOSING = int(Protocol.CLOSING)
 WHOLE_UP_TO_BYTES = int(Protocol.WHOLE_UP_TO_BYTES)
 COLLECTIVES = tuple(c.name.lower() for c in Collective)  # in wire code order
@@ -292,12 +290,9 @@ class Engine:
             return self._failed(call, failure)
 
     def _run(self, call: Call) -> None:
-        """Run the call on this thread, in C; CUDA work runs on x's device, whatever device is current."""
-        if call.x.kind == "numpy":
-            self._run_in_c(call, None)
-            return
-        with self._cuda_device(call.x):
-            self._run_in_c(call, self._copies(call.x))
+        """Run the call on this thread, in C (a CUDA array's in its device's context, whatever device is
+        current: hfr/_cuda.pyx)."""
+        self._run_in_c(call, None if call.x.kind == "numpy" else self._copies(call.x))
 
     def _run_in_c(self, call: Call, copies: Optional[CudaCopies]) -> None:
         """The call's chunk loop in C (hfr/_node_call.pyx), with the GIL released throughout (across nodes
@@ -453,15 +448,6 @@ class Engine:
             Outcome.WAIT_REDUCED: "the node's ranks to finish their slices",
         }[outcome]
         raise self._timed_out(f"{where}: {what}", self._laggards(*self._node_call.late_wait))
-
-    @staticmethod
-    def _cuda_device(x: Array):
-        """A context in which x's CUDA device is current (none for host arrays)."""
-        if x.kind == "numpy":
-            return contextlib.nullcontext()
-        import cupy
-
-        return cupy.cuda.Device(x.device)
 
     def _copies(self, x: Array):
         """The copies for x's kind; the first CUDA array page-locks the segment (on its device)."""

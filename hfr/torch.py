@@ -268,7 +268,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
         # A blocking call of one tensor (torch waits for it at once) that hfr's front (hfr/_front.pyx) takes,
         # a CPU tensor or a CUDA one on the device the group has met, while no other call is unfinished,
         # runs here, on this thread, and returns no Work: torch takes None as a call the backend has
-        # synchronised, and the call's failure raises from here (from dist.all_reduce).
+        # synchronised (since its options carry asyncOp), and the call's failure raises from here.
         if len(tensors) == 1 and not getattr(opts, "asyncOp", True) and self._front is not None:
             t = tensors[0]
             if self._front.allreduce(t.detach() if t.requires_grad else t, op, None) is not None:
@@ -276,7 +276,7 @@ class ProcessGroupHFR(dist.ProcessGroup):
         self._check(tensors)
         return self._work([self.hfr.allreduce_async(t.detach(), op) for t in tensors], lambda: tensors, tensors)
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Optional[dist.Work]:
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
