@@ -20,6 +20,7 @@ cpdef enum Protocol:
     CLOSING = 48  # set once, by close()
     DESCRIPTOR_FIELDS = 5  # collective, count, dtype, op, root
     STAGES = 3
+    CHUNK_ALIGN_BYTES = 4096  # chunks (and the engine's chunk) are multiples of this
     SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
     WHOLE_UP_TO_BYTES = 4096  # a call on one node of at most this many bytes: x whole in every input slot
     # (reducing 4 KiB per rank costs less than a hand-off)

@@ -2,12 +2,12 @@
 """The node protocol in C (Algorithm 1 of the paper): one call's chunk loop, with the GIL released from the
 first step to the last, for every call of every Communicator.
 
-Terms. A call's array is cut into **chunks** of the engine's chunk (hfr/engine.py: chunk_bytes across nodes,
-a cache chunk on one node, cache_chunk_bytes). Chunks are numbered across the whole life of the
-Communicator (the chunk's **sequence number** g), and chunk g uses **stage** g % STAGES of the node-shared
-segment (hfr/shm.py): local_size **input slots**, one per local rank, then the **result slot**. Within a
-chunk, local rank l owns **slice** l: it sums slice l of the input slots in slot order into the result
-slot, then takes it through the inter-node step on its rail.
+Terms. A call's array is cut into the fewest **chunks** of at most the engine's chunk (hfr/engine.py:
+chunk_bytes across nodes, a cache chunk on one node, cache_chunk_bytes), all of one size but the last (_even).
+Chunks are numbered across the whole life of the Communicator (the chunk's **sequence number** g), and chunk g
+uses **stage** g % STAGES of the node-shared segment (hfr/shm.py): local_size **input slots**, one per local
+rank, then the **result slot**. Within a chunk, local rank l owns **slice** l: it sums slice l of the input
+slots in slot order into the result slot, then takes it through the inter-node step on its rail.
 Ranks of a node synchronise through monotonic **counters** in their control rows (hfr/_node_call.pxd's
 Protocol), each written only by its owner and read by the others ("I have done this step for chunks up
 to here"; chunk g's value is g + 1):
@@ -130,7 +130,7 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     Py_ssize_t x_nbytes, x_at
     char* out  # out's, likewise
     Py_ssize_t out_nbytes, out_at
-    Py_ssize_t total, chunk, nchunks
+    Py_ssize_t total, chunk, nchunks  # chunk: the call's (_even), at most the engine's
     Py_ssize_t itemsize
     Kind kind
     int code
@@ -227,10 +227,11 @@ cdef class NodeCall:
     def chunks(self, Py_ssize_t elements, Py_ssize_t itemsize) -> list:
         """How a call that cuts `elements` of itemsize bytes is cut, in elements, as its chunk loop cuts it:
         per chunk (first, count, lo, hi), its first element and count, and this rank's slice [lo, hi) of it."""
-        cdef Py_ssize_t total = elements * itemsize, c, first, count, lo, hi
+        cdef Py_ssize_t total = elements * itemsize, c, first, count, lo, hi, nchunks
+        cdef Py_ssize_t chunk = _even(self.chunk, total, &nchunks)
         cuts = []
-        for c in range((total + self.chunk - 1) // self.chunk):
-            _cut(&self.node, self.chunk, total, itemsize, c, &first, &count, &lo, &hi)
+        for c in range(nchunks):
+            _cut(&self.node, chunk, total, itemsize, c, &first, &count, &lo, &hi)
             cuts.append((first // itemsize, count // itemsize, lo // itemsize, hi // itemsize))
         return cuts
 
@@ -312,8 +313,7 @@ cdef class NodeCall:
         p.x_at = self.rank * p.x_nbytes if p.collective == ALLGATHER else 0
         p.out_at = self.rank * p.out_nbytes if p.collective == REDUCE_SCATTER else 0
         p.whole = _whole(p.collective, vote is None, p.total)
-        p.chunk = self.chunk
-        p.nchunks = (p.total + p.chunk - 1) // p.chunk
+        p.chunk = _even(self.chunk, p.total, &p.nchunks)
         p.itemsize, p.kind, p.code = itemsize, kind, code
         p.divisor = self.size if avg else 1
         p.cuda, p.staging, p.consumed, p.cuda_error = cuda, staging, 0, 0
@@ -389,13 +389,13 @@ cdef enum:
 cpdef Py_ssize_t cache_chunk_bytes(Py_ssize_t cache_bytes, int local_size, Py_ssize_t chunk_bytes,
                                    bint oversubscribed=False):
     """The chunk of a host array's call on one node (the engine's NodeCall gets it): the largest multiple of
-    4 KiB whose STAGES stages (local_size input slots and a result slot each) fit the budget (_budget) of
+    CHUNK_ALIGN_BYTES whose STAGES stages (local_size input slots and a result slot each) fit the budget (_budget) of
     the node's share of the cache, cache_bytes, within [MIN_CACHE_CHUNK_BYTES, chunk_bytes]. chunk_bytes
     where the cache is unknown (0), or where the host's ranks outnumber its cores (oversubscribed): a rank that waits for another then
     waits for the scheduler to run it, so each chunk's hand-offs cost a time slice (bench/RESULTS.md)."""
     if cache_bytes <= 0 or oversubscribed:
         return chunk_bytes
-    cdef Py_ssize_t fitting = _budget(cache_bytes) // (STAGES * (local_size + 1)) // 4096 * 4096
+    cdef Py_ssize_t fitting = _budget(cache_bytes) // (STAGES * (local_size + 1)) // CHUNK_ALIGN_BYTES * CHUNK_ALIGN_BYTES
     return min(chunk_bytes, max(fitting, MIN_CACHE_CHUNK_BYTES))
 
 
@@ -434,10 +434,21 @@ cdef inline char* _stage(Node* node, int64_t g) noexcept nogil:
     return node.stages + (g % STAGES) * node.stage_bytes
 
 
+cdef inline Py_ssize_t _even(Py_ssize_t chunk, Py_ssize_t total, Py_ssize_t* nchunks) noexcept nogil:
+    """How a call of total bytes is cut: into the fewest chunks of at most `chunk` bytes (nchunks), of one
+    size (returned) up to the last, which may be smaller: total / nchunks rounded up to CHUNK_ALIGN_BYTES
+    (a call just over a chunk makes two halves, not a chunk and a sliver that costs a hand-off of its own)."""
+    nchunks[0] = (total + chunk - 1) // chunk
+    if nchunks[0] <= 1:
+        return chunk
+    return ((total + nchunks[0] - 1) // nchunks[0] + CHUNK_ALIGN_BYTES - 1) // CHUNK_ALIGN_BYTES * CHUNK_ALIGN_BYTES
+
+
 cdef inline void _cut(Node* node, Py_ssize_t chunk, Py_ssize_t total, Py_ssize_t itemsize, Py_ssize_t c,
                       Py_ssize_t* first, Py_ssize_t* count, Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
-    """Chunk c of a call of total bytes cut into chunks of `chunk`: its first byte and bytes, and this rank's
-    slice [lo, hi) of it, whose bounds but the last start cache lines (SLICE_ALIGN_BYTES)."""
+    """Chunk c of a call of total bytes cut into chunks of `chunk` (as _even makes it): its first byte and
+    bytes, and this rank's slice [lo, hi) of it, whose bounds but the last start cache lines
+    (SLICE_ALIGN_BYTES)."""
     cdef Py_ssize_t align = max(SLICE_ALIGN_BYTES // itemsize, 1)
     first[0] = c * chunk
     count[0] = min(chunk, total - first[0])
