@@ -111,7 +111,9 @@ cdef class Front:
         self.dtypes, self.dtype_codes, self.ops = tuple(DTYPES), DTYPE_CODES, tuple(Op)
         self.op_names = tuple(op.value for op in Op)
         self.ndtypes = len(self.dtypes)
-        assert self.ndtypes <= MAX_DTYPES and len(self.ops) == OPS and self.ops[AVG] is Op.AVG
+        if self.ndtypes > MAX_DTYPES or len(self.ops) != OPS or self.ops[AVG] is not Op.AVG:
+            raise RuntimeError(f"hfr/_front.pyx's tables (MAX_DTYPES {MAX_DTYPES}, OPS {OPS}, AVG {AVG}) do not fit "
+                               f"hfr.ops ({self.ndtypes} dtypes, ops {self.op_names})")
         cdef int d, k
         for k in range(OPS):
             self.kernel_codes[k] = kernel_op_code(Op.SUM if k == AVG else self.ops[k])

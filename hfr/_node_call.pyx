@@ -111,6 +111,9 @@ cdef enum:
 
 if 2 * STAGES > CALL_EVENTS:
     raise ImportError(f"hfr/_cuda.pxd's CALL_EVENTS ({CALL_EVENTS}) must hold two events a stage ({STAGES} stages)")
+if VOTE_WORDS != 1 + 2 * DESCRIPTOR_FIELDS:  # the verdict, then the descriptor and its negation (_check)
+    raise ImportError(f"hfr/_internode.pxd's VOTE_WORDS ({VOTE_WORDS}) must be 1 + 2 x DESCRIPTOR_FIELDS "
+                      f"({DESCRIPTOR_FIELDS})")
 
 cdef struct Rail:  # a schedule of hfr/_internode.pyx over the rail, made in Python, polled here
     advance_fn advance  # NULL: no schedule
@@ -354,6 +357,14 @@ cdef class NodeCall:
             self.chunks_done = p.first_chunk + 1
         return outcome
 
+
+# What a WAIT_ outcome's wait was for, in the words of its timeout (the engine adds whom: late_wait)
+WAITED_FOR = {WAIT_CALL: "the node's ranks to make the call",
+              WAIT_INPUT_SLOT: "the node's ranks to finish reading our input slot",
+              WAIT_RESULT_SLOT: "the result slot to be copied out",
+              WAIT_ARRIVED: "the node's ranks to copy their data in",
+              WAIT_PREVIOUS_RESULT: "the previous result to be copied out",
+              WAIT_REDUCED: "the node's ranks to finish their slices"}
 
 _CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current (its events and streams, the first time)",
                CUDA_ORDER: "ordering the copies after the caller's stream", CUDA_COPY_IN: "copying x to the host",

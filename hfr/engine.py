@@ -417,8 +417,11 @@ class Engine:
         """Raise what the outcome of a call in C means (NodeCall counted the call, and its chunks where they
         ended; a wait that timed out, the counter and target it waited for)."""
         Outcome = _node_call.Outcome
-        if outcome == Outcome.WAIT_CALL:
-            raise self._timed_out(f"{call.collective}: the node's ranks to make the call",
+        if outcome in _node_call.WAITED_FOR:  # the call's, or a chunk's
+            c, where = self._node_call.failed_chunk, call.collective
+            if outcome != Outcome.WAIT_CALL:
+                where += f" chunk {c + 1}/{self._node_call.call_chunks}"
+            raise self._timed_out(f"{where}: {_node_call.WAITED_FOR[outcome]}",
                                   self._laggards(*self._node_call.late_wait))
         if outcome == Outcome.MISMATCH_SPENT:  # every rank of the node ended chunk g with no result
             outcome = Outcome.MISMATCH
@@ -438,16 +441,7 @@ class Engine:
             raise MemoryError("no memory for the kernel's scratch tiles")
         if outcome == Outcome.CUDA_FAILED:
             raise RuntimeError(self._node_call.cuda_failure)
-        c = self._node_call.failed_chunk
-        where = f"{call.collective} chunk {c + 1}/{self._node_call.call_chunks}"
-        what = {
-            Outcome.WAIT_INPUT_SLOT: "the node's ranks to finish reading our input slot",
-            Outcome.WAIT_RESULT_SLOT: "the result slot to be copied out",
-            Outcome.WAIT_ARRIVED: "the node's ranks to copy their data in",
-            Outcome.WAIT_PREVIOUS_RESULT: "the previous result to be copied out",
-            Outcome.WAIT_REDUCED: "the node's ranks to finish their slices",
-        }[outcome]
-        raise self._timed_out(f"{where}: {what}", self._laggards(*self._node_call.late_wait))
+        raise HFRError(f"unknown outcome {outcome!r} of a call in C")
 
     def _copies(self, x: Array):
         """The copies for x's kind; the first CUDA array page-locks the segment (on its device)."""
