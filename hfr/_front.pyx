@@ -33,7 +33,7 @@ from hfr._cuda cimport Device
 from hfr._internode cimport Schedule
 from hfr._kernels cimport Kind, kernel_kind
 from hfr._kernels cimport op_code as kernel_op_code
-from hfr._node_call cimport ALLREDUCE, DESCRIPTOR_FIELDS, DONE, STAGES, NodeCall
+from hfr._node_call cimport ALLREDUCE, DESCRIPTOR_FIELDS, DONE, STAGES, NodeCall, describe
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, PyErr_CheckSignals, forget_cancel, hfr_nap, hfr_now, raise_pending
 
 cdef extern from "pythread.h":
@@ -351,7 +351,7 @@ cdef class Front:
         cdef Schedule vote = None, rail
         cdef list rails = None
         cdef bint folded = False
-        cdef long long fields[DESCRIPTOR_FIELDS]  # the descriptor: collective, count, dtype, op, root
+        cdef long long fields[DESCRIPTOR_FIELDS]  # the descriptor (hfr/_node_call.pyx's describe)
         cdef int outcome, d = o.dtype
         cdef int64_t g = self.node_call.chunks_done
         if self.nnodes > 1:
@@ -366,7 +366,7 @@ cdef class Front:
             for rail in rails:
                 if rail is not None:
                     rail.rewind()
-        fields[0], fields[1], fields[2], fields[3], fields[4] = ALLREDUCE, o.count, d, k, 0
+        describe(fields, ALLREDUCE, o.count, d, k, 0)
         try:
             if o.cuda:  # ordered after the caller's stream as it is now
                 self.cuda.cuda.caller, self.cuda.cuda.ready = o.stream, NULL

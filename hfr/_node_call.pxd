@@ -57,6 +57,9 @@ cdef struct Node:  # the segment, as this rank sees it, and how this rank works 
     int64_t late_target  # the ranks it waited for)
 
 
+cdef void describe(long long* fields, int collective, Py_ssize_t count, int dtype, int op, int root) noexcept nogil
+
+
 cdef class NodeCall:
     cdef Node node
     cdef int size, rank

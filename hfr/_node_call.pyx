@@ -425,6 +425,28 @@ cdef void _stores(Plan* p, int local_size, Py_ssize_t cache_bytes) noexcept nogi
     p.out_stores = CACHED if stages + arrays <= _budget(cache_bytes) else STREAMED
 
 
+DESCRIPTOR_NAMES = ("collective", "count", "dtype", "op", "root")  # a descriptor's DESCRIPTOR_FIELDS, in order
+
+
+cdef void describe(long long* fields, int collective, Py_ssize_t count, int dtype, int op, int root) noexcept nogil:
+    """A call's descriptor (what the call check compares) into fields: the collective's and dtype's wire
+    codes, x's count, the op's wire code (-1 for a collective without one: broadcast, allgather) and the
+    root; a refused call's (count REFUSED) has -1 in every field but the collective."""
+    cdef bint refused = count == REFUSED
+    fields[0], fields[1] = collective, count
+    fields[2] = -1 if refused else dtype
+    fields[3] = -1 if refused or collective == BROADCAST or collective == ALLGATHER else op
+    fields[4] = -1 if refused else root
+
+
+def descriptor(int collective, Py_ssize_t count, int dtype=-1, int op=-1, int root=-1) -> list:
+    """describe()'s descriptor as a list, for the engine (count REFUSED: a refused call's)."""
+    cdef long long fields[DESCRIPTOR_FIELDS]
+    cdef int i
+    describe(fields, collective, count, dtype, op, root)
+    return [fields[i] for i in range(DESCRIPTOR_FIELDS)]
+
+
 cdef inline Py_ssize_t _descriptor_column(int64_t calls_done) noexcept nogil:
     """Where the descriptors of the call after calls_done go: calls alternate between two rows, so a fast
     rank never overwrites a row that a slow one still reads."""

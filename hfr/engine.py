@@ -48,12 +48,10 @@ CLOSING = int(Protocol.CLOSING)
 WHOLE_UP_TO_BYTES = int(Protocol.WHOLE_UP_TO_BYTES)
 COLLECTIVES = tuple(c.name.lower() for c in Collective)  # in wire code order
 HEALTHY, BROKEN = 1, 2  # CLOSING's values
-DESCRIPTOR_FIELDS = ("collective", "count", "dtype", "op", "root")  # Protocol.DESCRIPTOR_FIELDS of them
 REFUSED = int(Protocol.REFUSED)
 ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits up to this long for its peers' word on who never came
 SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before signals are looked at again
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
-_NO_OP = (COLLECTIVES.index("broadcast"), COLLECTIVES.index("allgather"))  # descriptors carry op -1
 _REDUCING = ("allreduce", "reduce", "reduce_scatter")  # the collectives that reduce
 _REWOUND = ("doubling", "halving")  # calls of one chunk in C by these keep their schedules per call shape
 _RAIL_SHAPES_KEPT = 64  # ... for this many call shapes
@@ -93,10 +91,11 @@ class Call:
         return x_at, out_at
 
     def descriptor(self) -> list[int]:
+        """What the call check compares (hfr/_node_call.pyx's describe)."""
         code = _COLLECTIVE_CODES[self.collective]
         if self.refused:
-            return [code, REFUSED, -1, -1, -1]
-        return [code, self.x.size, dtype_code(self.x.dtype), -1 if code in _NO_OP else op_code(self.op), self.root]
+            return _node_call.descriptor(code, REFUSED)
+        return _node_call.descriptor(code, self.x.size, dtype_code(self.x.dtype), op_code(self.op), self.root)
 
 
 class Engine:
@@ -551,11 +550,11 @@ def describe_mismatch(table: np.ndarray) -> str:
         "dtype": lambda v: DTYPES[v].name if 0 <= v < len(DTYPES) else str(v),
         "op": lambda v: "-" if v < 0 else list(Op)[v].value,
     }
-    refused = table[:, DESCRIPTOR_FIELDS.index("count")] == REFUSED
+    refused = table[:, _node_call.DESCRIPTOR_NAMES.index("count")] == REFUSED
     parts = [f"ranks {np.flatnonzero(refused).tolist()} refused the call (their arguments failed its checks: their "
              f"own error says why)"] if refused.any() else []
     callers = np.flatnonzero(~refused).tolist()  # the ranks that made a real call
-    for column, field in enumerate(DESCRIPTOR_FIELDS):
+    for column, field in enumerate(_node_call.DESCRIPTOR_NAMES):
         values = table[callers, column].tolist()
         if len(set(values)) < 2:
             continue
