@@ -256,6 +256,17 @@ cdef class NodeCall:
         """(counter column, target) of the last wait that timed out: a WAIT_ outcome's."""
         return self.node.late_column, self.node.late_target
 
+    def wait_all(self, Py_ssize_t column, int64_t target) -> bool:
+        """Wait, the GIL released, until every local rank's counter in column has reached target: True; False
+        once the timeout passes (late_wait names the wait); a signal handler's exception raises."""
+        cdef int waited
+        with nogil:
+            waited = _wait_all(&self.node, column, target, WAIT_CALL)
+            hfr_fence()
+        if waited == INTERRUPTED:
+            raise_pending()
+        return waited == WAITED
+
     def publish(self, Py_ssize_t column, int64_t value) -> None:
         """Our counter in column := value, seen by the others after every store of ours before it."""
         _publish(&self.node, column, value)

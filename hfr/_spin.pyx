@@ -43,12 +43,3 @@ cdef bint counters_reached(const long long* words, Py_ssize_t row_words, Py_ssiz
             sched_yield()
         else:
             hfr_nap(NAP_NS)
-
-
-def all_reached(size_t address, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t column,
-                int64_t target, double seconds) -> bool:
-    """counters_reached with the GIL released."""
-    cdef bint reached
-    with nogil:
-        reached = counters_reached(<const long long *>address, row_words, rows, column, target, seconds)
-    return reached

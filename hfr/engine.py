@@ -37,7 +37,6 @@ from .ops import DTYPES, Op, as_op, dtype_code, op_code
 from .shm import ROW_WORDS, Segment
 from .threads import name_this_thread
 from .topology import Layout
-from ._spin import all_reached
 from .work import Work
 
 __all__ = ["Engine", "Call", "COLLECTIVES"]
@@ -50,7 +49,6 @@ COLLECTIVES = tuple(c.name.lower() for c in Collective)  # in wire code order
 HEALTHY, BROKEN = 1, 2  # CLOSING's values
 REFUSED = int(Protocol.REFUSED)
 ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits up to this long for its peers' word on who never came
-SPIN_SLICE_S = 1e-3  # a GIL-free spin lasts this long before signals are looked at again
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _REDUCING = ("allreduce", "reduce", "reduce_scatter")  # the collectives that reduce
 _REWOUND = ("doubling", "halving")  # calls of one chunk in C by these keep their schedules per call shape
@@ -204,9 +202,7 @@ class Engine:
         self._publish(CLOSING, HEALTHY if healthy else BROKEN)
         if not healthy:
             return False
-        try:
-            self._wait_all(CLOSING, HEALTHY, "the node's ranks to close")
-        except HFRTimeoutError:
+        if not self._node_call.wait_all(CLOSING, HEALTHY):
             return False
         if int(self.segment.control[:, CLOSING].max()) != HEALTHY:
             return False
@@ -470,15 +466,6 @@ class Engine:
     def _publish(self, column: int, value: int) -> None:
         self._node_call.publish(column, value)  # our data stores become visible before the counter
 
-    def _wait_all(self, column: int, target: int, what: str) -> None:
-        """Wait until every local rank's counter in column has reached target (looked at in C, the GIL
-        released)."""
-        address, rows = self.segment.control_address, self.layout.local_size
-        reached = lambda seconds=0.0: all_reached(address, ROW_WORDS, rows, column, target, seconds)  # noqa: E731
-        if target <= 0 or reached():  # already there (the common case): one look
-            return
-        self._wait(lambda: reached(SPIN_SLICE_S), what, laggards=lambda: self._laggards(column, target))
-
     def _laggards(self, column: int, target: int) -> list[int]:
         """The ranks (in comm) of this node whose counter in column is still below target."""
         self.segment.sync()
@@ -493,7 +480,7 @@ class Engine:
             internode.keep_for_good(request, *buffers)
             raise
 
-    def _wait(self, ready: Callable[[], bool], what: str, laggards: Optional[Callable[[], list]] = None) -> None:
+    def _wait(self, ready: Callable[[], bool], what: str) -> None:
         """Poll ready() until it holds; HFRTimeoutError after the timeout. Between polls yield the CPU, then
         sleep with a growing pause (ranks may share cores, and a sleep lets the caller's threads take the
         GIL)."""
@@ -513,7 +500,7 @@ class Engine:
                 pause = min(max(pause * 2, 20e-6), 1e-3)
                 time.sleep(pause)
             if time.monotonic() > deadline:
-                raise self._timed_out(what, None if laggards is None else laggards())
+                raise self._timed_out(what, None)
 
     def _timed_out(self, what: str, laggards: Optional[list[int]], rail_peers: list[int] = ()) -> HFRTimeoutError:
         """The timeout of a wait for laggards (ranks of this node), or for rail_peers (rail ranks: their
