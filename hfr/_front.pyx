@@ -10,14 +10,14 @@ running lock).
 allreduce() takes the blocking allreduce, where Python around the C protocol (hfr/_node_call.pyx) cost more
 than the protocol (bench/RESULTS.md): checked, admitted, run and counted out here. A NumPy array or a CPU
 torch tensor (its pointer, dtype and shape read from the tensor: no DLPack view), and once the engine has met
-a CUDA array (take_cuda) a CuPy array or CUDA tensor on that device, staged in C after the work queued on the caller's
-current stream of the device: of any size on one node, of one chunk across nodes. It returns None, before
-admitting it, for anything else, and the engine's Python takes that call, raising what it raises: another
-array or argument, one that the checks would refuse, a call not to be run on this thread (another is
-unfinished). Across nodes a call shape whose rail schedules the engine has not made yet (it keeps them, by
-rail_shape_key, in the dict shared with this) is admitted here and run by the engine's Python
-(Engine.run_held), so that no call admitted after it runs first. A failed call is handed back to the engine,
-which names the failure as for its own calls.
+a CUDA array (take_cuda) a CuPy array or CUDA tensor on that device, staged in C after the work queued on the
+caller's current stream of the device. It returns None, before admitting it, for anything else, and the
+engine's Python takes that call, raising what it raises: another array or argument, one that the checks would
+refuse, a call not to be run on this thread (another is unfinished). Across nodes a call runs here in C where
+the engine keeps its call shape's rail schedules (by rail_shape_key, in the dict shared with this: which
+shapes it keeps is the engine's rule, _kept); another is admitted here and run by the engine's Python
+(Engine.run_held, which keeps its schedules if the rule says so), so that no call admitted after it runs
+first. A failed call is handed back to the engine, which names the failure as for its own calls.
 """
 from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
                                PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
@@ -76,7 +76,6 @@ cdef class Front:
     cdef bint closed
     cdef public object broken  # what failed a call and left the peers' state unknown: no more calls
     cdef int rank, nnodes
-    cdef Py_ssize_t chunk_bytes
     cdef NodeCall node_call
     cdef object engine  # names failures
     cdef dict rail_shapes
@@ -105,9 +104,9 @@ cdef class Front:
         if self.order == NULL or self.running == NULL:
             raise MemoryError()
 
-    def __init__(self, NodeCall node_call, engine, int rank, int nnodes, Py_ssize_t chunk_bytes, dict rail_shapes):
+    def __init__(self, NodeCall node_call, engine, int rank, int nnodes, dict rail_shapes):
         self.node_call, self.engine, self.rank, self.nnodes = node_call, engine, rank, nnodes
-        self.chunk_bytes, self.rail_shapes = chunk_bytes, rail_shapes
+        self.rail_shapes = rail_shapes
         self.dtypes, self.dtype_codes, self.ops = tuple(DTYPES), DTYPE_CODES, tuple(Op)
         self.op_names = tuple(op.value for op in Op)
         self.ndtypes = len(self.dtypes)
@@ -234,8 +233,6 @@ cdef class Front:
         cdef int k = self._op_code(op)
         if k < 0 or k == AVG and not self.floating[o.dtype]:
             return None
-        if self.nnodes > 1 and o.count * self.itemsizes[o.dtype] > self.chunk_bytes:
-            return None  # across nodes the front keeps rail schedules for calls of one chunk only
         cdef bint inline = True  # admitted to run here only when no other call is unfinished
         if self._count_in(&inline, True) is not None or not inline:
             return None
@@ -367,7 +364,7 @@ cdef class Front:
                 if rail is not None:
                     rail.rewind()
         describe(fields, ALLREDUCE, o.count, d, k, 0)
-        try:
+        try:  # in_out (the False below) is never a kept call shape's, nor one node's (engine._result_in_out)
             if o.cuda:  # ordered after the caller's stream as it is now
                 self.cuda.cuda.caller, self.cuda.cuda.ready = o.stream, NULL
             outcome = self.node_call.call(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],

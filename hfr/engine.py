@@ -132,7 +132,7 @@ class Engine:
         self._queue_lock = threading.Lock()  # orders a call's queueing against the progress thread's stop
         self._stopped = False  # the progress thread takes no more calls: a call queued now is refused
         # Admission, the running lock and the blocking allreduce, in C (hfr/_front.pyx)
-        self.front = Front(self._node_call, self, layout.rank, layout.nnodes, self.chunk, self._rail_shapes)
+        self.front = Front(self._node_call, self, layout.rank, layout.nnodes, self._rail_shapes)
         self._thread = threading.Thread(target=self._serve, name=f"hfr-progress-{layout.rank}", daemon=True)
         self._thread.start()
 
