@@ -18,6 +18,7 @@ cpdef enum Protocol:
     DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls
     DESCRIPTOR_WORDS = 8
     CLOSING = 48  # set once, by close()
+    ROW_WORDS = 64  # a local rank's control row: 512 bytes, whole cache lines (hfr/shm.py lays them out)
     DESCRIPTOR_FIELDS = 5  # collective, count, dtype, op, root
     STAGES = 3
     CHUNK_ALIGN_BYTES = 4096  # chunks (and the engine's chunk) are multiples of this

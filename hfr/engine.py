@@ -81,13 +81,6 @@ class Call:
     def nbytes(self) -> int:
         return self.out.nbytes if self.collective == "allgather" else self.x.nbytes
 
-    def places(self, rank: int) -> tuple[int, int]:
-        """Where x and out lie among the elements the chunks cut: a reduce_scatter copies out only this
-        rank's shard, an allgather copies in only this rank's shard."""
-        x_at = rank * self.x.size if self.collective == "allgather" else 0
-        out_at = rank * self.out.size if self.collective == "reduce_scatter" else 0
-        return x_at, out_at
-
     def descriptor(self) -> list[int]:
         """What the call check compares (hfr/_node_call.pyx's describe)."""
         code = _COLLECTIVE_CODES[self.collective]

@@ -14,10 +14,12 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
+from ._node_call import Protocol
+
 __all__ = ["Segment", "ROW_WORDS"]
 
 PAGE = 4096
-ROW_WORDS = 64  # int64 words of control per local rank: 512 bytes, whole cache lines
+ROW_WORDS = int(Protocol.ROW_WORDS)  # int64 words of control per local rank (hfr/_node_call.pxd)
 
 
 def _round_up(n: int, to: int) -> int:
