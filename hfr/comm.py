@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -260,18 +259,9 @@ def _agree_on_settings(comm: MPI.Intracomm, problem: Optional[BaseException], mi
     encoded = json.dumps(record, ensure_ascii=False).encode()
     send[: len(encoded)] = np.frombuffer(encoded, np.uint8)
     table = np.zeros((comm.Get_size(), SETTINGS_RECORD_BYTES), np.uint8)
-    request = comm.Iallgather(send, table)
-    deadline, pause = time.monotonic() + timeout, 0.0
-    try:
-        while not request.Test():
-            if time.monotonic() > deadline:
-                raise HFRTimeoutError(f"rank {comm.Get_rank()} waited {timeout:g} s for every rank of the communicator "
-                                      f"to make its hfr.Communicator (its first call): some rank never came")
-            pause = min(max(pause * 2, 20e-6), 1e-3)
-            time.sleep(pause)
-    except BaseException:  # the timeout, Ctrl-C: MPI may still write into the buffers
-        internode.keep_for_good(request, send, table)
-        raise
+    internode.complete(comm.Iallgather(send, table), timeout, lambda: HFRTimeoutError(
+        f"rank {comm.Get_rank()} waited {timeout:g} s for every rank of the communicator to make its "
+        f"hfr.Communicator (its first call): some rank never came"), send, table)
     records = [json.loads(bytes(row).rstrip(b"\0")) for row in table]
     if problem is not None:
         raise problem

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -452,7 +451,8 @@ class Engine:
         """Gather every rank's descriptor and raise MismatchError naming what differs (every rank calls it)."""
         table = np.empty((self.layout.size, len(mine)), np.int64)
         descriptor = np.array(mine, np.int64)
-        self._complete(self.comm.Iallgather(descriptor, table), "the call check", descriptor, table)
+        internode.complete(self.comm.Iallgather(descriptor, table), self.timeout,
+                           lambda: self._timed_out("the call check", None), descriptor, table)
         raise MismatchError(describe_mismatch(table))
 
     # --- waiting -------------------------------------------------------------------------------
@@ -463,37 +463,6 @@ class Engine:
         """The ranks (in comm) of this node whose counter in column is still below target."""
         self.segment.sync()
         return [self.layout.node_ranks[j] for j in np.flatnonzero(self.segment.control[:, column] < target)]
-
-    def _complete(self, request: MPI.Request, what: str, *buffers: np.ndarray) -> None:
-        """Wait for request; if the wait ends first (the timeout, Ctrl-C), request and buffers are kept for
-        good: MPI may still write there."""
-        try:
-            self._wait(request.Test, what)
-        except BaseException:
-            internode.keep_for_good(request, *buffers)
-            raise
-
-    def _wait(self, ready: Callable[[], bool], what: str) -> None:
-        """Poll ready() until it holds; HFRTimeoutError after the timeout. Between polls yield the CPU, then
-        sleep with a growing pause (ranks may share cores, and a sleep lets the caller's threads take the
-        GIL)."""
-        if ready():
-            return
-        deadline = time.monotonic() + self.timeout
-        polls, pause = 0, 0.0
-        while True:
-            _wait.check()  # a signal handler's exception, or close() from one, ends the call
-            if ready():
-                self.segment.sync()
-                return
-            polls += 1
-            if polls < 200:
-                os.sched_yield()
-            else:
-                pause = min(max(pause * 2, 20e-6), 1e-3)
-                time.sleep(pause)
-            if time.monotonic() > deadline:
-                raise self._timed_out(what, None)
 
     def _timed_out(self, what: str, laggards: Optional[list[int]], rail_peers: list[int] = ()) -> HFRTimeoutError:
         """The timeout of a wait for laggards (ranks of this node), or for rail_peers (rail ranks: their

@@ -46,9 +46,10 @@ or past the caller's deadline.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
-from typing import NoReturn, Optional
+from typing import Callable, NoReturn, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -56,6 +57,7 @@ from mpi4py import MPI
 from ._internode import BLOCKS_IN_FLIGHT, Collective, CollectiveKind, Doubling, Ring, Schedule, TreePipeline
 from ._internode import ring_scratch_elements
 from ._internode import VOTE_RECORD_WORDS as VOTE_WORDS
+from . import _wait
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
 from .errors import HFRTimeoutError
 from .kernels import KERNEL_OPS, reduce_into
@@ -241,6 +243,29 @@ def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
     error.rail_peers = tuple(schedule.awaited())  # the engine names their ranks
     abandon(schedule)
     raise error
+
+
+def complete(request: MPI.Request, timeout: float, timed_out: Callable[[], BaseException], *buffers) -> None:
+    """Wait for request (an MPI exchange of the Python side: the mismatch report, the settings' check):
+    poll it, yielding the CPU, then sleeping with a growing pause (ranks may share cores, and a sleep lets
+    the caller's threads take the GIL); raise timed_out() once timeout seconds pass. A signal handler's
+    exception (or close() from one) ends the wait too. If the wait ends first, request and buffers are
+    kept for good: MPI may still write there."""
+    deadline, polls, pause = time.monotonic() + timeout, 0, 0.0
+    try:
+        while not request.Test():
+            _wait.check()
+            if time.monotonic() > deadline:
+                raise timed_out()
+            polls += 1
+            if polls < 200:
+                os.sched_yield()
+            else:
+                pause = min(max(pause * 2, 20e-6), 1e-3)
+                time.sleep(pause)
+    except BaseException:
+        keep_for_good(request, *buffers)
+        raise
 
 
 def keep_for_good(*objects) -> None:
