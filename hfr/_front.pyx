@@ -41,7 +41,7 @@ cdef extern from "pythread.h":
 
 from hfr.arrays import torch_dtypes
 from hfr.errors import HFRError
-from hfr.ops import DTYPE_CODES, DTYPES, Op, is_float
+from hfr.ops import DTYPE_CODES, DTYPES, Op, combining, is_float
 
 cnp.import_array()
 
@@ -115,7 +115,7 @@ cdef class Front:
                                f"hfr.ops ({self.ndtypes} dtypes, ops {self.op_names})")
         cdef int d, k
         for k in range(OPS):
-            self.kernel_codes[k] = kernel_op_code(Op.SUM if k == AVG else self.ops[k])
+            self.kernel_codes[k] = kernel_op_code(combining(self.ops[k]))
         for d in range(self.ndtypes):
             self.itemsizes[d], self.floating[d] = self.dtypes[d].itemsize, is_float(self.dtypes[d])
             for k in range(OPS):

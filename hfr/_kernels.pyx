@@ -22,7 +22,7 @@ import numpy as np
 
 from hfr._wait cimport hfr_now, sched_yield
 from hfr._simd cimport BF16, F32, F64, FP16, I8, I32, I64, SUM, MAX, MIN, PROD, U8, U32, U64, block_fn
-from hfr.ops import Op
+from hfr.ops import Op, combining
 
 cnp.import_array()
 
@@ -336,7 +336,7 @@ def reduce(cnp.ndarray out, list inputs, op, int threads, Py_ssize_t divisor=1) 
     dtype and size; out is inputs[0] or overlaps none."""
     cdef int k = len(inputs)
     cdef bint avg = op is Op.AVG
-    cdef int code = SUM if avg else op_code(op)
+    cdef int code = op_code(combining(op))
     cdef Kind kind = kernel_kind(out.dtype, code)
     cdef Py_ssize_t n = out.shape[0]
     cdef Py_ssize_t itemsize = out.itemsize

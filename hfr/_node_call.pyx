@@ -77,7 +77,7 @@ from hfr._spin cimport counters_reached
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_now, raise_pending, signal_raised
 
 from hfr._cuda import error_text
-from hfr.ops import Op
+from hfr.ops import Op, combining
 
 cdef extern from *:
     """
@@ -290,7 +290,7 @@ cdef class NodeCall:
         was recorded on it (hfr/_cuda.pyx, order); staging is this rank's page-locked buffer of
         WHOLE_UP_TO_BYTES."""
         cdef bint avg = op is Op.AVG
-        cdef int code = op_code(Op.SUM if avg else op)
+        cdef int code = op_code(combining(op))
         cdef long long fields[DESCRIPTOR_FIELDS]
         cdef Py_ssize_t i
         if len(descriptor) != DESCRIPTOR_FIELDS:

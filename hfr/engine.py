@@ -32,7 +32,7 @@ from ._node_call import Collective, Protocol, cache_chunk_bytes
 from .arrays import Array, inspect
 from .copies import CudaCopies, caller_ready
 from .errors import HFRError, HFRTimeoutError, MismatchError
-from .ops import DTYPES, Op, as_op, dtype_code, op_code
+from .ops import DTYPES, Op, as_op, combining, dtype_code, op_code
 from .shm import ROW_WORDS, Segment
 from .threads import name_this_thread
 from .topology import Layout
@@ -356,7 +356,7 @@ class Engine:
             return (lambda buf, first: internode.allgather_schedule(self.rail_comm, buf, first, starts, call.x.size,
                                                                     algo, self.threads),
                     internode.allgather_what(algo))
-        op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
+        op = combining(call.op)
         to = root if call.collective == "reduce" else None
         return (lambda buf, first: internode.schedule(self.rail_comm, buf, first, op, algo, self.threads, root=to),
                 internode.schedule_what(algo, to))
@@ -387,7 +387,7 @@ class Engine:
         """(vote, [rail], folded) for _rail_schedules."""
         size = call.x.dtype.itemsize
         (_, _, lo, hi), = self._node_call.chunks(call.elements, size)  # one chunk
-        op = Op.SUM if call.op is Op.AVG else call.op  # the node's partial means are summed
+        op = combining(call.op)
         if self._folded(call):
             vote = internode.vote_schedule(self.rail_comm, self._vote_record, hi - lo, call.x.dtype, op, self.threads)
             return vote, [None], True

@@ -7,7 +7,8 @@ from typing import Any, Union
 import ml_dtypes
 import numpy as np
 
-__all__ = ["Op", "OpLike", "DTYPES", "DTYPE_CODES", "as_op", "as_dtype", "accumulation_dtype", "is_float", "dtype_code", "op_code"]
+__all__ = ["Op", "OpLike", "DTYPES", "DTYPE_CODES", "as_op", "as_dtype", "accumulation_dtype", "is_float", "dtype_code",
+           "op_code", "combining"]
 
 
 class Op(str, enum.Enum):
@@ -91,3 +92,9 @@ def dtype_code(dtype: np.dtype) -> int:
 
 def op_code(op: Op) -> int:
     return _OP_CODES[op]
+
+
+def combining(op: Op) -> Op:
+    """The op that combines partial results: avg's is sum (its one division by the ranks comes in the node's
+    reduce, so the nodes' partial means add up to the mean)."""
+    return Op.SUM if op is Op.AVG else op
