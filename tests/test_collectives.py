@@ -19,10 +19,10 @@ def test_every_dtype_op_and_size(nprocs, local_size):
 
 @pytest.mark.parametrize("nprocs,local_size", [(2, None), (2, 1), (4, 2)])
 def test_the_front_runs_small_host_allreduces_and_hands_the_rest_to_the_engine(nprocs, local_size):
-    """The blocking allreduce of a NumPy array of one chunk runs whole in C (hfr/_front.pyx), in place and
-    out of place, every op on six dtypes, right element by element; the engine's Python takes every other
-    call (other op spellings, a subclass, two chunks, a call behind an async one, across nodes a call
-    shape's first calls) and refuses bad input as before, the arrays untouched."""
+    """The blocking allreduce of a NumPy array or CPU tensor runs in C (hfr/_front.pyx), in place and out of
+    place, every op on six dtypes, right element by element; the engine's Python takes every other call
+    (other op spellings, a subclass, a call behind an async one, across nodes two chunks and a call shape's
+    first calls) and refuses bad input as before (meta tensors too), the arrays untouched."""
     out = run_mpi(nprocs, "front_worker.py", "none" if local_size is None else str(local_size), timeout=120).stdout
     assert out.count("front ok") == nprocs
 

@@ -176,6 +176,11 @@ if torch is not None:
     refused(TypeError, "out has dtype", lambda: comm.allreduce(t, out=torch.zeros(n, dtype=torch.float64)))
     refused(ValueError, "out has shape", lambda: comm.allreduce(t, out=torch.zeros(n + 1)))
     refused(ValueError, "out is a numpy array, x is a torch tensor", lambda: comm.allreduce(t, out=np.zeros(n, np.float32)))
+    # neither on the CPU nor on CUDA (a meta tensor has no data, and its device index reads as a CPU's): the
+    # front leaves them to the checks
+    refused(TypeError, "x must be a dense CPU or CUDA tensor", lambda: comm.allreduce(torch.ones(n, device="meta")))
+    refused(TypeError, "out must be a dense CPU or CUDA tensor",
+            lambda: comm.allreduce(t, out=torch.zeros(n, device="meta")))
     assert torch.equal(t, tensor(torch.float32, seed)), "a refused call changed the caller's tensor"
 
 # After all that, the front again, element by element.
