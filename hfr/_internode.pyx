@@ -71,7 +71,7 @@ from mpi4py import MPI
 cnp.import_array()
 
 __all__ = ["TreePipeline", "Doubling", "Ring", "Collective", "CollectiveKind", "ring_scratch_elements",
-           "BLOCKS_IN_FLIGHT", "VOTE_RECORD_WORDS"]
+           "tree_scratch_bytes", "BLOCKS_IN_FLIGHT", "VOTE_RECORD_WORDS"]
 
 cdef enum:
     IN_FLIGHT = 4  # blocks per tree between two stages (with 1 MiB blocks 4 and 8 measured alike)
@@ -399,9 +399,9 @@ cdef class TreePipeline(Schedule):
         self.trees.nflows = 0
         if not 1 <= block <= granule:
             raise ValueError(f"block must be 1 .. granule ({granule}) elements, got {block}")
-        if up and scratch.nbytes < len(nodes) * IN_FLIGHT * MAX_CHILDREN * block * buf.itemsize:
+        if up and scratch.nbytes < tree_scratch_bytes(len(nodes), block, buf.itemsize):
             raise ValueError(f"scratch holds {scratch.nbytes} bytes, {len(nodes)} trees need "
-                             f"{len(nodes) * IN_FLIGHT * MAX_CHILDREN * block * buf.itemsize}")
+                             f"{tree_scratch_bytes(len(nodes), block, buf.itemsize)}")
         for t in range(len(nodes)):
             f = &self.trees.flows[t]
             parent, children = nodes[t]
@@ -750,6 +750,11 @@ def ring_pieces(Py_ssize_t first, Py_ssize_t size, Py_ssize_t granule, int n) ->
     """The most granules of the slice [first, first + size) that one of n segments holds."""
     granules = (first + size + granule - 1) // granule - first // granule
     return (granules + n - 1) // n
+
+
+def tree_scratch_bytes(int trees, Py_ssize_t block, Py_ssize_t itemsize) -> int:
+    """The trees' scratch going up: per tree, IN_FLIGHT slots of MAX_CHILDREN blocks of `block` elements."""
+    return trees * IN_FLIGHT * MAX_CHILDREN * block * itemsize
 
 
 def ring_scratch_elements(Py_ssize_t first, Py_ssize_t size, Py_ssize_t granule, int n) -> int:

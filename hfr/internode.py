@@ -55,7 +55,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._internode import BLOCKS_IN_FLIGHT, Collective, CollectiveKind, Doubling, Ring, Schedule, TreePipeline
-from ._internode import ring_scratch_elements
+from ._internode import ring_scratch_elements, tree_scratch_bytes
 from ._internode import VOTE_RECORD_WORDS as VOTE_WORDS
 from . import _wait
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
@@ -211,8 +211,7 @@ def _trees(rail, buf, first, op, nodes, block_bytes, threads, *, up, down, scrat
     """The trees' blocks, up and/or down, as a schedule of hfr/_internode.pyx."""
     granule = TREE_GRANULE_BYTES // buf.itemsize
     block = min(max(1, block_bytes // buf.itemsize), granule, buf.size)
-    # per tree: BLOCKS_IN_FLIGHT slots of up to 2 children's blocks
-    need = len(TREES) * BLOCKS_IN_FLIGHT * 2 * block * buf.itemsize if up else 0
+    need = tree_scratch_bytes(len(TREES), block, buf.itemsize) if up else 0
     return TreePipeline(rail, buf, op, _scratch("tree", need) if scratch is None else scratch, threads, first, nodes,
                         granule, block, up, down, _TREE_TAGS)
 
