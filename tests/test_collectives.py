@@ -2,6 +2,7 @@
 and op, odd sizes, out of place and in place, bitwise equal across ranks and across chunk sizes."""
 import json
 
+import numpy as np
 import pytest
 
 from .mpirun import run_mpi
@@ -87,6 +88,39 @@ def test_a_host_call_on_one_node_is_cut_into_chunks_that_fit_half_the_cache():
     assert cache_chunk_bytes(1 << 20, 4, 8 << 20) == 256 << 10  # the least
     assert cache_chunk_bytes(1 << 30, 2, 8 << 20) == 8 << 20
     assert cache_chunk_bytes(32 << 20, 4, 8 << 20, oversubscribed=True) == 8 << 20  # hand-offs cost time slices
+
+
+def test_a_call_is_cut_into_the_fewest_chunks_of_one_size():
+    """NodeCall.chunks, as the chunk loop cuts: ceil(total / chunk) chunks that tile the call, all of one size
+    (a multiple of 4 KiB, at most the chunk) but the last, which falls short by the rounding alone; each
+    chunk's slices tile it across the local ranks."""
+    from hfr._node_call import NodeCall, Protocol
+
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        itemsize = int(rng.choice([1, 2, 4, 8]))
+        chunk = int(rng.integers(1, 64)) * int(Protocol.CHUNK_ALIGN_BYTES)
+        elements = int(rng.choice([0, 1, 7, int(rng.integers(1, 40 * chunk // itemsize))]))
+        local_size = int(rng.integers(1, 5))
+        slices = []
+        for local_rank in range(local_size):
+            # only the cut is asked of it: no segment behind these addresses
+            node_call = NodeCall(0, 64, local_size, local_rank, 1.0, 0, 0, 0, local_size, local_rank, 1, 0.0, 0.0, 0,
+                                 chunk)
+            slices.append(node_call.chunks(elements, itemsize))
+        cuts = slices[0]
+        assert len(cuts) == -(-elements * itemsize // chunk), (chunk, elements, itemsize)
+        assert [first for first, _, _, _ in cuts] == list(np.cumsum([0] + [count for _, count, _, _ in cuts])[:-1])
+        assert sum(count for _, count, _, _ in cuts) == elements
+        sizes = {count * itemsize for _, count, _, _ in cuts[:-1]}
+        assert len(sizes) <= 1 and all(s <= chunk and s % int(Protocol.CHUNK_ALIGN_BYTES) == 0 for s in sizes), sizes
+        assert not cuts or cuts[-1][1] * itemsize <= chunk
+        if len(cuts) > 1:  # even: the last short of the others by the rounding alone, never a sliver
+            assert sizes.pop() - cuts[-1][1] * itemsize < len(cuts) * int(Protocol.CHUNK_ALIGN_BYTES)
+        for c, (_, count, _, _) in enumerate(cuts):
+            edges = [(cut[c][2], cut[c][3]) for cut in slices]
+            assert edges[0][0] == 0 and edges[-1][1] == count
+            assert all(hi == lo for (_, hi), (lo, _) in zip(edges, edges[1:]))
 
 
 def test_the_host_cache_is_the_last_level_of_sysfs_over_its_instances(tmp_path):
