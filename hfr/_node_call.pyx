@@ -411,13 +411,15 @@ cdef enum:
 cpdef Py_ssize_t cache_chunk_bytes(Py_ssize_t cache_bytes, int local_size, Py_ssize_t chunk_bytes,
                                    bint oversubscribed=False):
     """The chunk of a host array's call on one node (the engine's NodeCall gets it): the largest multiple of
-    CHUNK_ALIGN_BYTES whose STAGES stages (local_size input slots and a result slot each) fit the budget (_budget) of
-    the node's share of the cache, cache_bytes, within [MIN_CACHE_CHUNK_BYTES, chunk_bytes]. chunk_bytes
-    where the cache is unknown (0), or where the host's ranks outnumber its cores (oversubscribed): a rank that waits for another then
-    waits for the scheduler to run it, so each chunk's hand-offs cost a time slice (bench/RESULTS.md)."""
+    CHUNK_ALIGN_BYTES whose STAGES stages (local_size input slots and a result slot each) fit the budget
+    (_budget) of the node's share of the cache, cache_bytes, within [MIN_CACHE_CHUNK_BYTES, chunk_bytes].
+    chunk_bytes where the cache is unknown (0), or where the host's ranks outnumber its cores
+    (oversubscribed): a rank that waits for another then waits for the scheduler to run it, so each chunk's
+    hand-offs cost a time slice (bench/RESULTS.md)."""
     if cache_bytes <= 0 or oversubscribed:
         return chunk_bytes
-    cdef Py_ssize_t fitting = _budget(cache_bytes) // (STAGES * (local_size + 1)) // CHUNK_ALIGN_BYTES * CHUNK_ALIGN_BYTES
+    cdef Py_ssize_t fitting = _budget(cache_bytes) // (STAGES * (local_size + 1))
+    fitting = fitting // CHUNK_ALIGN_BYTES * CHUNK_ALIGN_BYTES
     return min(chunk_bytes, max(fitting, MIN_CACHE_CHUNK_BYTES))
 
 

@@ -216,14 +216,14 @@ class ProcessGroupHFR(dist.ProcessGroup):
     all_gather and reduce_scatter (list and flat forms, also coalesced) and barrier through an
     hfr.Communicator over the group's MPI ranks; everything else through a gloo group of the same ranks.
 
-    Every call returns at once with a Work that completes once the data is in place (wait() blocks the
-    host until then; get_future() gives the tensors, as gloo's Works do), but a blocking all_reduce of one
-    tensor (dist.all_reduce without async_op), which runs before it returns, and returns no Work; a failed
-    call (ranks that disagree, a peer that never comes) raises from wait(), from its future and from the
-    blocking dist.* calls, on every rank. The group's calls complete independently of other groups'. Tensors must be
-    contiguous, of a dtype hfr reduces, on the CPU or on one CUDA device: others raise
-    TypeError/ValueError on the calling rank, before anything is modified. Tensors that require grad are
-    reduced as gloo does (collectives are not autograd ops), their version counter bumped.
+    Every call returns at once with a Work that completes once the data is in place (wait() blocks the host
+    until then; get_future() gives the tensors, as gloo's Works do), but a blocking all_reduce of one tensor
+    (dist.all_reduce without async_op), which runs before it returns, and returns no Work; a failed call
+    (ranks that disagree, a peer that never comes) raises from wait(), from its future and from the blocking
+    dist.* calls, on every rank. The group's calls complete independently of other groups'. Tensors must be
+    contiguous, of a dtype hfr reduces, on the CPU or on one CUDA device: others raise TypeError/ValueError on
+    the calling rank, before anything is modified. Tensors that require grad are reduced as gloo does
+    (collectives are not autograd ops), their version counter bumped.
 
     destroy_process_group closes the group (shutdown()); one never destroyed is closed at exit."""
 
@@ -233,7 +233,6 @@ class ProcessGroupHFR(dist.ProcessGroup):
             raise ValueError(f"torch rank {rank} of {size} is MPI rank {comm.rank} of {comm.size}: set torch.distributed "
                              f"up with hfr.torch.init_process_group, whose ranks are MPI's")
         self.hfr = Communicator(comm)
-        self._front = self.hfr._front
         self._completer = _Completer()
         atexit.register(self.shutdown)
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("hfr-gloo", store), rank, size, timeout)
@@ -269,9 +268,9 @@ class ProcessGroupHFR(dist.ProcessGroup):
         # a CPU tensor or a CUDA one on the device the group has met, while no other call is unfinished,
         # runs here, on this thread, and returns no Work: torch takes None as a call the backend has
         # synchronised (since its options carry asyncOp), and the call's failure raises from here.
-        if len(tensors) == 1 and not getattr(opts, "asyncOp", True) and self._front is not None:
+        if len(tensors) == 1 and not getattr(opts, "asyncOp", True) and self.hfr._front is not None:
             t = tensors[0]
-            if self._front.allreduce(t.detach() if t.requires_grad else t, op, None) is not None:
+            if self.hfr._front.allreduce(t.detach() if t.requires_grad else t, op, None) is not None:
                 return None
         self._check(tensors)
         return self._work([self.hfr.allreduce_async(t.detach(), op) for t in tensors], lambda: tensors, tensors)
