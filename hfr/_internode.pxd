@@ -27,8 +27,7 @@ ctypedef struct Call:  # what every step of one call's schedule shares
 
 ctypedef bint (*advance_fn)(void* state, Call* c, bint* done) noexcept nogil  # True if anything moved
 
-cdef bint poll(advance_fn advance, void* state, Call* c, double deadline, double yield_s,
-               long sleep_ns) noexcept nogil
+cdef bint poll(advance_fn advance, void* state, Call* c, double deadline) noexcept nogil
 
 cdef class Schedule:
     cdef Call call

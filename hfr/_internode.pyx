@@ -60,7 +60,7 @@ from libc.string cimport memcpy, memset
 
 cimport numpy as cnp
 from hfr._kernels cimport STORES_BY_SIZE, Kind, kernel_kind, op_code, reduce_nogil
-from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_nap, hfr_now, raise_pending, sched_yield, signal_raised
+from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_idle, hfr_now, raise_pending, signal_raised
 
 import ctypes
 
@@ -266,11 +266,10 @@ cdef inline bint _done(Flow* f) noexcept nogil:
 
 # ---- polling --------------------------------------------------------------------------------------------
 
-cdef bint poll(advance_fn advance, void* state, Call* c, double deadline, double yield_s,
-               long sleep_ns) noexcept nogil:
+cdef bint poll(advance_fn advance, void* state, Call* c, double deadline) noexcept nogil:
     """Advance until done (True), an MPI call fails (c.error), a signal handler raises (c.error
-    INTERRUPTED) or deadline passes (False). After progress stops: sched_yield for yield_s, then nap
-    sleep_ns between polls, looking at pending signals every HFR_SIGNAL_CHECK_S."""
+    INTERRUPTED) or deadline passes (False). Between polls that move nothing, hfr_idle; pending signals
+    are looked at every HFR_SIGNAL_CHECK_S."""
     cdef double last_progress = hfr_now(), last_signal_check = last_progress, now
     cdef bint done = False, moved
     cdef Py_ssize_t i
@@ -294,10 +293,7 @@ cdef bint poll(advance_fn advance, void* state, Call* c, double deadline, double
             if signal_raised():
                 c.error = INTERRUPTED
                 return False
-        if now - last_progress < yield_s:
-            sched_yield()
-        else:
-            hfr_nap(sleep_ns)
+        hfr_idle(now - last_progress)
 
 
 cdef class Schedule:
@@ -333,13 +329,12 @@ cdef class Schedule:
         """The rail ranks the step under way waits on, where the schedule says (Doubling does)."""
         return []
 
-    def run(self, double deadline, double yield_s, double sleep_s) -> bool:
+    def run(self, double deadline) -> bool:
         """Move every byte with the GIL released: True once done, False once past deadline
         (time.monotonic()'s clock); an MPI error raises MPI.Exception."""
         cdef bint done
-        cdef long sleep_ns = <long>(sleep_s * 1e9)
         with nogil:
-            done = poll(self.advance, self.state, &self.call, deadline, yield_s, sleep_ns)
+            done = poll(self.advance, self.state, &self.call, deadline)
         if self.call.error == INTERRUPTED:
             raise_pending()
         self.raise_error()

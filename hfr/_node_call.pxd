@@ -52,8 +52,6 @@ cdef struct Node:  # the segment, as this rank sees it, and how this rank works 
     Py_ssize_t stage_bytes, slot_bytes
     int threads  # the kernels'
     void** inputs  # the reduce's input pointers, one per local rank
-    double rail_yield_s  # polling the rail: sched_yield this long after progress stops,
-    long rail_sleep_ns  # then nap this long between polls
     Py_ssize_t late_column  # the counter column and target of the last wait that timed out (the engine names
     int64_t late_target  # the ranks it waited for)
 

@@ -200,8 +200,7 @@ cdef void _rail_of(Schedule schedule, Rail* rail):
 cdef int _run_rail(Node* node, Rail* rail, int stopped) noexcept nogil:
     """Poll the rail's schedule to its end: WAITED once done (or where there is none), INTERRUPTED if a
     signal handler raised, else `stopped` (the timeout passed, an MPI call failed, no memory)."""
-    if rail.advance == NULL or poll(rail.advance, rail.state, rail.call, hfr_now() + node.timeout,
-                                    node.rail_yield_s, node.rail_sleep_ns):
+    if rail.advance == NULL or poll(rail.advance, rail.state, rail.call, hfr_now() + node.timeout):
         return WAITED
     return INTERRUPTED if rail.call.error == RAIL_INTERRUPTED else stopped
 
@@ -212,12 +211,11 @@ cdef class NodeCall:
 
     def __cinit__(self, size_t control, Py_ssize_t row_words, int local_size, int local_rank, double timeout,
                   size_t stages, Py_ssize_t stage_bytes, Py_ssize_t slot_bytes, int size, int rank, int threads,
-                  double rail_yield_s, double rail_sleep_s, Py_ssize_t cache_bytes, Py_ssize_t chunk):
+                  Py_ssize_t cache_bytes, Py_ssize_t chunk):
         self.node.control, self.node.row_words = <long long*>control, row_words
         self.node.local_size, self.node.local_rank, self.node.timeout = local_size, local_rank, timeout
         self.node.stages, self.node.stage_bytes, self.node.slot_bytes = <char*>stages, stage_bytes, slot_bytes
         self.node.threads = threads
-        self.node.rail_yield_s, self.node.rail_sleep_ns = rail_yield_s, <long>(rail_sleep_s * 1e9)
         self.size, self.rank = size, rank
         self.cache_bytes, self.chunk = cache_bytes, chunk
         self.node.inputs = <void**>malloc(local_size * sizeof(void*))
@@ -227,15 +225,19 @@ cdef class NodeCall:
     def __dealloc__(self):
         free(self.node.inputs)
 
-    def chunks(self, Py_ssize_t elements, Py_ssize_t itemsize) -> list:
-        """How a call that cuts `elements` of itemsize bytes is cut, in elements, as its chunk loop cuts it:
-        per chunk (first, count, lo, hi), its first element and count, and this rank's slice [lo, hi) of it."""
+    def chunks(self, Py_ssize_t elements, Py_ssize_t itemsize, bint in_out=False) -> list:
+        """How the next call, if it cuts `elements` of itemsize bytes, is cut, in elements, as its chunk loop
+        cuts it: per chunk (first, count, lo, hi, result), its first element and count, this rank's slice
+        [lo, hi) of it, and where the loop reduces that slice to (_result): a byte offset into the segment's
+        stages, or, in_out (as run() takes it), into out."""
         cdef Py_ssize_t total = elements * itemsize, c, first, count, lo, hi, nchunks
         cdef Py_ssize_t chunk = _even(self.chunk, total, &nchunks)
+        cdef char* base = self.node.stages  # in_out: out's place in the offset, as the stages' otherwise
         cuts = []
         for c in range(nchunks):
             _cut(&self.node, chunk, total, itemsize, c, &first, &count, &lo, &hi)
-            cuts.append((first // itemsize, count // itemsize, lo // itemsize, hi // itemsize))
+            result = _result(&self.node, base, in_out, self.chunks_done + c, first) + lo - base
+            cuts.append((first // itemsize, count // itemsize, lo // itemsize, hi // itemsize, result))
         return cuts
 
     def mark_steps(self, marks) -> None:
@@ -699,9 +701,9 @@ cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
     return outcome
 
 
-cdef inline char* _result(Node* node, Plan* p, int64_t g, Py_ssize_t first) noexcept nogil:
+cdef inline char* _result(Node* node, char* out, bint in_out, int64_t g, Py_ssize_t first) noexcept nogil:
     """Where chunk g (its first byte `first`) is reduced to: its stage's result slot, or out itself (in_out)."""
-    return p.out + first if p.in_out else _stage(node, g) + node.local_size * node.slot_bytes
+    return out + first if in_out else _stage(node, g) + node.local_size * node.slot_bytes
 
 
 cdef int _reduce_node(Node* node, Plan* p, Py_ssize_t c, Rail* vote) noexcept nogil:
@@ -713,7 +715,7 @@ cdef int _reduce_node(Node* node, Plan* p, Py_ssize_t c, Rail* vote) noexcept no
     cdef char* own
     cdef int waited
     _bounds(node, p, c, &first, &count, &lo, &hi)
-    result = _result(node, p, g, first)
+    result = _result(node, p.out, p.in_out, g, first)
     if p.arrived:
         return NO_MEMORY if _copy(node, result + lo, vote.call.buf, hi - lo, p.slot_stores) else WAITED
     waited = _arrive(node, p, g)
@@ -764,7 +766,7 @@ cdef int _copy_out(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
         return waited
     hfr_fence()
     _mark(p, c, MARK_ALL_REDUCED)
-    return _to_out(node, p, g, _result(node, p, g, first) + a - first, a, b)
+    return _to_out(node, p, g, _result(node, p.out, p.in_out, g, first) + a - first, a, b)
 
 
 cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:

@@ -4,21 +4,17 @@
 A Python polling loop takes the GIL back after every yield, and a thread waiting for the GIL (the
 caller's training loop, torch's autograd thread) then waits out the 5 ms switch interval each time.
 Here the spin runs with the GIL released: it reads one int64 word per local rank (acquire loads),
-yields the CPU between rounds, and after a while naps between rounds so idle ranks leave the cores
-to others.
+and between rounds does what every wait does (hfr/_wait.pxd's hfr_idle).
 """
 from libc.stdint cimport int64_t
 
-from hfr._wait cimport hfr_nap, hfr_now, sched_yield
+from hfr._wait cimport hfr_idle, hfr_now
 
 cdef extern from *:
     """
     static inline long long hfr_load_acquire(const long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     """
     long long hfr_load_acquire(const long long *p) nogil
-
-cdef double SPIN_S = 2e-3  # yield between rounds this long (a chunk's copies take ~0.1-1 ms), then nap
-cdef long NAP_NS = 20000
 
 
 cdef bint counters_reached(const long long* words, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t column,
@@ -39,7 +35,4 @@ cdef bint counters_reached(const long long* words, Py_ssize_t row_words, Py_ssiz
         now = hfr_now()
         if now - start > seconds:
             return False
-        if now - start < SPIN_S:
-            sched_yield()
-        else:
-            hfr_nap(NAP_NS)
+        hfr_idle(now - start)

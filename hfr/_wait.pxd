@@ -1,6 +1,7 @@
 # Waiting in C with the GIL released, shared by hfr/_spin.pyx, hfr/_node_call.pyx, hfr/_internode.pyx and
 # hfr/_front.pyx: a monotonic clock in seconds (time.monotonic()'s, so Python deadlines compare with it), a
-# nap, sched_yield, and a look at pending signals (Ctrl-C) and at a cancelled call (hfr/_wait.pyx).
+# nap, sched_yield, what every wait does between looks (hfr_idle), and a look at pending signals (Ctrl-C) and
+# at a cancelled call (hfr/_wait.pyx).
 cdef extern from *:
     """
     #include <sched.h>
@@ -10,9 +11,17 @@ cdef extern from *:
     }
     static inline void hfr_nap(long ns) { struct timespec t = {0, ns}; nanosleep(&t, NULL); }
     #define HFR_SIGNAL_CHECK_S 0.05  /* a long wait in C looks at pending signals this often */
+    /* Between two looks at what a wait waits for (counters, MPI requests), idle_s after the last progress:
+       yield the CPU (a chunk's copies take ~0.1-1 ms), then nap, so idle ranks leave the cores to others. */
+    #define HFR_WAIT_YIELD_S 2e-3
+    #define HFR_WAIT_NAP_NS 20000
+    static inline void hfr_idle(double idle_s) {
+        if (idle_s < HFR_WAIT_YIELD_S) sched_yield(); else hfr_nap(HFR_WAIT_NAP_NS);
+    }
     """
     double hfr_now() nogil
     void hfr_nap(long ns) nogil
+    void hfr_idle(double idle_s) nogil
     int sched_yield() nogil
     const double HFR_SIGNAL_CHECK_S
 

@@ -38,6 +38,12 @@ def check() -> None:
         raise_pending()
 
 
+def idle(double idle_s) -> None:
+    """hfr_idle for a wait written in Python, idle_s after its last progress, the GIL released."""
+    with nogil:
+        hfr_idle(idle_s)
+
+
 def cancel_running_call() -> None:
     """Cancel the call this thread is running: its next look at signals ends it (signal_raised)."""
     global cancelled_thread

@@ -107,8 +107,8 @@ class Engine:
             self.cache_bytes, layout.local_size, chunk_bytes, layout.host_size > (os.cpu_count() or 1))
         self._node_call = _node_call.NodeCall(
             self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
-            self.segment.slot_address(0, 0), self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
-            layout.rank, threads, internode.YIELD_POLL_S, internode.POLL_SLEEP_S, self.cache_bytes, self.chunk)
+            self.segment.stages_address, self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
+            layout.rank, threads, self.cache_bytes, self.chunk)
         # Calls in C across nodes poll the call check's vote and their slice's allreduce over the rail,
         # or the vote alone carrying the slice (folded, _FOLDED_UP_TO_BYTES): made once (the bare vote)
         # or once per call shape (sharing one scratch, or the vote's record: calls run one at a time),
@@ -332,15 +332,17 @@ class Engine:
             return self._rail_schedules(call, g % STAGES)
         self._vote.rewind()
         schedule, _ = self._rail_step(call)
-        itemsize, in_out = call.x.dtype.itemsize, self._result_in_out(call)
+        in_out = self._result_in_out(call)
         rails = []
-        for c, (first, _, lo, hi) in enumerate(self._node_call.chunks(call.elements, itemsize)):
-            if in_out:
-                buf = call.out.flat[first + lo : first + hi]
-            else:
-                buf = self.segment.result((g + c) % STAGES)[lo * itemsize : hi * itemsize].view(call.x.dtype)
-            rails.append(schedule(buf, first + lo) if hi > lo else None)
+        for first, _, lo, hi, result in self._node_call.chunks(call.elements, call.x.dtype.itemsize, in_out):
+            rails.append(schedule(self._result_slice(call, result, hi - lo, in_out), first + lo) if hi > lo else None)
         return self._vote, rails, False
+
+    def _result_slice(self, call: Call, at: int, count: int, in_out: bool) -> np.ndarray:
+        """count elements of the call's dtype where NodeCall.chunks says a chunk's slice is reduced to: at
+        bytes into out (in_out) or into the segment's stages."""
+        memory = call.out.flat.view(np.uint8) if in_out else self.segment.stages
+        return memory[at : at + count * call.x.dtype.itemsize].view(call.x.dtype)
 
     def _rail_step(self, call: Call) -> tuple[Callable[[np.ndarray, int], Any], str]:
         """How a call across nodes crosses the rail in C: a maker of one slice's schedule, (buf, its global
@@ -376,17 +378,17 @@ class Engine:
         if schedules is None:
             if len(self._rail_shapes) >= _RAIL_SHAPES_KEPT:
                 del self._rail_shapes[next(iter(self._rail_shapes))]  # the oldest
-            schedules = self._rail_shapes[shape] = self._rail_schedule(call, stage)
+            schedules = self._rail_shapes[shape] = self._rail_schedule(call)
         vote, (rail,), _ = schedules
         vote.rewind()
         if rail is not None:
             rail.rewind()
         return schedules
 
-    def _rail_schedule(self, call: Call, stage: int) -> tuple:
+    def _rail_schedule(self, call: Call) -> tuple:
         """(vote, [rail], folded) for _rail_schedules."""
         size = call.x.dtype.itemsize
-        (_, _, lo, hi), = self._node_call.chunks(call.elements, size)  # one chunk
+        (_, _, lo, hi, at), = self._node_call.chunks(call.elements, size)  # one chunk
         op = combining(call.op)
         if self._folded(call):
             vote = internode.vote_schedule(self.rail_comm, self._vote_record, hi - lo, call.x.dtype, op, self.threads)
@@ -395,8 +397,7 @@ class Engine:
             return self._vote, [None], False
         if self._rail_scratch.nbytes < (hi - lo) * size:
             self._rail_scratch = np.empty((hi - lo) * size, np.uint8)  # schedules made before keep theirs
-        result = self.segment.result(stage)[lo * size : hi * size].view(call.x.dtype)
-        rail = internode.schedule(self.rail_comm, result, lo, op, self._algo_for(call), self.threads,
+        rail = internode.schedule(self.rail_comm, self._result_slice(call, at, hi - lo, False), lo, op, self._algo_for(call), self.threads,
                                   scratch=self._rail_scratch)
         return self._vote, [rail], False
 

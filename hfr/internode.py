@@ -46,7 +46,6 @@ or past the caller's deadline.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from typing import Callable, NoReturn, Optional
@@ -75,8 +74,6 @@ TREE_GRANULE_BYTES = 1024 * 1024  # fixed: changing it changes which tree sums w
 # fewer Python steps per byte than 256 KiB, 1.5-2x faster at 64 MiB; arrays under 1 MiB use tree 0 alone)
 DEFAULT_BLOCK_BYTES = 256 * 1024
 RING_GRANULE_BYTES = 64 * 1024  # fixed, as TREE_GRANULE_BYTES: it decides which order sums each element
-YIELD_POLL_S = 2e-3  # after progress stops: between polls, yield the CPU (sched_yield) this long ...
-POLL_SLEEP_S = 50e-6  # ... then sleep this long (time.sleep(0) would sleep ~50 us too: timer slack)
 
 _TREE_TAGS = [(0x4846, 0x4848), (0x4847, 0x4849)]  # (up, down) by tree; all below MPI's smallest TAG_UB, 32767
 _RING_TAG = 0x484A
@@ -221,7 +218,7 @@ def _run_in_c(rail: MPI.Comm, schedule, deadline: Optional[float], what: str) ->
     A schedule that does not finish (timeout, MPI error, no memory) is abandoned: its receives cancelled,
     it and its buffers kept for good, since MPI may still write there, and this thread's scratch dropped."""
     try:
-        done = schedule.run(math.inf if deadline is None else deadline, YIELD_POLL_S, POLL_SLEEP_S)
+        done = schedule.run(math.inf if deadline is None else deadline)
     except BaseException:
         abandon(schedule)
         raise
@@ -246,22 +243,18 @@ def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
 
 def complete(request: MPI.Request, timeout: float, timed_out: Callable[[], BaseException], *buffers) -> None:
     """Wait for request (an MPI exchange of the Python side: the mismatch report, the settings' check):
-    poll it, yielding the CPU, then sleeping with a growing pause (ranks may share cores, and a sleep lets
-    the caller's threads take the GIL); raise timed_out() once timeout seconds pass. A signal handler's
+    poll it, idle between polls as every wait is (hfr/_wait.pxd's hfr_idle, the GIL released); raise
+    timed_out() once timeout seconds pass. A signal handler's
     exception (or close() from one) ends the wait too. If the wait ends first, request and buffers are
     kept for good: MPI may still write there."""
-    deadline, polls, pause = time.monotonic() + timeout, 0, 0.0
+    start = time.monotonic()
     try:
         while not request.Test():
             _wait.check()
-            if time.monotonic() > deadline:
+            idle = time.monotonic() - start
+            if idle > timeout:
                 raise timed_out()
-            polls += 1
-            if polls < 200:
-                os.sched_yield()
-            else:
-                pause = min(max(pause * 2, 20e-6), 1e-3)
-                time.sleep(pause)
+            _wait.idle(idle)
     except BaseException:
         keep_for_good(request, *buffers)
         raise

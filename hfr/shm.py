@@ -32,7 +32,6 @@ class Segment:
     def __init__(self, node_comm: MPI.Comm, slot_bytes: int, stages: int):
         self.local_size = node_comm.Get_size()
         self.slot_bytes = _round_up(max(slot_bytes, PAGE), PAGE)
-        self.stages = stages
         control_bytes = _round_up(self.local_size * ROW_WORDS * 8, PAGE)
         self.stage_bytes = (self.local_size + 1) * self.slot_bytes
         total = control_bytes + stages * self.stage_bytes
@@ -41,9 +40,9 @@ class Segment:
         buf, _ = self._win.Shared_query(0)
         self.memory = np.frombuffer(buf, dtype=np.uint8, count=total)
         self.control = self.memory[: self.local_size * ROW_WORDS * 8].view(np.int64).reshape(self.local_size, ROW_WORDS)
-        self.control_address = self.control.ctypes.data
-        self._address = self.memory.ctypes.data
-        self._data = control_bytes
+        self.address, self.control_address = self.memory.ctypes.data, self.control.ctypes.data
+        self.stages = self.memory[control_bytes:]  # the data stages, as bytes (hfr/_node_call.pyx's offsets)
+        self.stages_address = self.stages.ctypes.data
         # A passive epoch for the window's lifetime, so that sync() (MPI_Win_sync) orders our stores
         # and loads against the other ranks' on any CPU, not only on x86.
         self._win.Lock_all(MPI.MODE_NOCHECK)
@@ -54,29 +53,9 @@ class Segment:
         self.sync()
         self._cuda_device: Optional[int] = None  # the device the segment was page-locked on
 
-    @property
-    def address(self) -> int:
-        return self._address
-
     def sync(self) -> None:
         """A full memory barrier between this rank and the others on the segment."""
         self._win.Sync()
-
-    def slot(self, stage: int, local_rank: int) -> np.ndarray:
-        """Input slot of local_rank in stage, as bytes."""
-        start = self._offset(stage, local_rank)
-        return self.memory[start : start + self.slot_bytes]
-
-    def slot_address(self, stage: int, local_rank: int) -> int:
-        """Where slot() begins in memory."""
-        return self.address + self._offset(stage, local_rank)
-
-    def _offset(self, stage: int, local_rank: int) -> int:
-        return self._data + stage * self.stage_bytes + local_rank * self.slot_bytes
-
-    def result(self, stage: int) -> np.ndarray:
-        """Result slot of stage, as bytes."""
-        return self.slot(stage, self.local_size)
 
     def register_for_cuda(self, device: int) -> None:
         """Page-lock the whole segment for the GPUs, once, from device's context (it costs 0.2-0.6 s;
@@ -97,6 +76,6 @@ class Segment:
             with cupy.cuda.Device(self._cuda_device):  # never a context on another device
                 cupy.cuda.runtime.hostUnregister(self.address)
             self._cuda_device = None
-        self.control = self.memory = None
+        self.control = self.memory = self.stages = None
         self._win.Unlock_all()
         self._win.Free()

@@ -93,7 +93,8 @@ def test_a_host_call_on_one_node_is_cut_into_chunks_that_fit_half_the_cache():
 def test_a_call_is_cut_into_the_fewest_chunks_of_one_size():
     """NodeCall.chunks, as the chunk loop cuts: ceil(total / chunk) chunks that tile the call, all of one size
     (a multiple of 4 KiB, at most the chunk) but the last, which falls short by the rounding alone; each
-    chunk's slices tile it across the local ranks."""
+    chunk's slices tile it across the local ranks; each slice is reduced to its place in its stage's result
+    slot (chunk c of the next call is chunk chunks_done + c: stage (chunks_done + c) % STAGES), or in out."""
     from hfr._node_call import NodeCall, Protocol
 
     rng = np.random.default_rng(5)
@@ -102,25 +103,32 @@ def test_a_call_is_cut_into_the_fewest_chunks_of_one_size():
         chunk = int(rng.integers(1, 64)) * int(Protocol.CHUNK_ALIGN_BYTES)
         elements = int(rng.choice([0, 1, 7, int(rng.integers(1, 40 * chunk // itemsize))]))
         local_size = int(rng.integers(1, 5))
+        in_out = local_size == 1 and bool(rng.integers(2))
+        slot_bytes = chunk + int(rng.integers(0, 3)) * 4096
+        stage_bytes = (local_size + 1) * slot_bytes
         slices = []
         for local_rank in range(local_size):
             # only the cut is asked of it: no segment behind these addresses
-            node_call = NodeCall(0, 64, local_size, local_rank, 1.0, 0, 0, 0, local_size, local_rank, 1, 0.0, 0.0, 0,
-                                 chunk)
-            slices.append(node_call.chunks(elements, itemsize))
+            node_call = NodeCall(0, 64, local_size, local_rank, 1.0, 0, stage_bytes, slot_bytes, local_size,
+                                 local_rank, 1, 0, chunk)
+            slices.append(node_call.chunks(elements, itemsize, in_out))
         cuts = slices[0]
         assert len(cuts) == -(-elements * itemsize // chunk), (chunk, elements, itemsize)
-        assert [first for first, _, _, _ in cuts] == list(np.cumsum([0] + [count for _, count, _, _ in cuts])[:-1])
-        assert sum(count for _, count, _, _ in cuts) == elements
-        sizes = {count * itemsize for _, count, _, _ in cuts[:-1]}
+        assert [cut[0] for cut in cuts] == list(np.cumsum([0] + [cut[1] for cut in cuts])[:-1])
+        assert sum(cut[1] for cut in cuts) == elements
+        sizes = {cut[1] * itemsize for cut in cuts[:-1]}
         assert len(sizes) <= 1 and all(s <= chunk and s % int(Protocol.CHUNK_ALIGN_BYTES) == 0 for s in sizes), sizes
         assert not cuts or cuts[-1][1] * itemsize <= chunk
         if len(cuts) > 1:  # even: the last short of the others by the rounding alone, never a sliver
             assert sizes.pop() - cuts[-1][1] * itemsize < len(cuts) * int(Protocol.CHUNK_ALIGN_BYTES)
-        for c, (_, count, _, _) in enumerate(cuts):
+        for c, (_, count, _, _, _) in enumerate(cuts):
             edges = [(cut[c][2], cut[c][3]) for cut in slices]
             assert edges[0][0] == 0 and edges[-1][1] == count
             assert all(hi == lo for (_, hi), (lo, _) in zip(edges, edges[1:]))
+            for cut in slices:
+                first, _, lo, _, result = cut[c]
+                slot = (first + lo) * itemsize if in_out else c % int(Protocol.STAGES) * stage_bytes + local_size * slot_bytes
+                assert result == slot + (0 if in_out else lo * itemsize), (c, cut[c], in_out)
 
 
 def test_the_host_cache_is_the_last_level_of_sysfs_over_its_instances(tmp_path):

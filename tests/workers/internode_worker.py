@@ -159,7 +159,7 @@ def check_rewound_schedules() -> None:
                 buf[:] = make_input(RANK, dtype, op, buf.size, case)
                 if round_:
                     schedule.rewind()
-                assert schedule.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+                assert schedule.run(deadline())
                 what = f"{'halving' if halving else 'doubling'} rewound {round_} times, {dtype} {op.value}"
                 check_close(buf, expected(dtype, op, buf.size, case), dtype, op, what)
     record = internode.VoteRecord()
@@ -168,7 +168,7 @@ def check_rewound_schedules() -> None:
         record.votes[:] = RANK * 10 + round_
         if round_:
             vote.rewind()
-        assert vote.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+        assert vote.run(deadline())
         assert (record.votes == (NRANKS - 1) * 10 + round_).all(), f"vote rewound {round_} times: {record.votes}"
     if RANK == 0:
         print("OK rewound schedules")
@@ -196,7 +196,7 @@ def check_vote_records() -> None:
         data = make_input(RANK, dtype, op, mine, case)
         record.data(mine, dtype)[:] = data
         schedule = internode.vote_schedule(COMM, record, mine, dtype, op, threads=2)
-        assert schedule.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+        assert schedule.run(deadline())
         everyone = np.array(COMM.allgather(votes))
         want_votes = everyone.max(axis=0)
         assert (record.votes == want_votes).all(), f"round {round_}: votes {record.votes} != {want_votes}"
@@ -209,7 +209,7 @@ def check_vote_records() -> None:
             check_close(record.data(mine, dtype), expected(dtype, op, mine, case), dtype, op, f"round {round_}")
         plain_votes.rewind()  # a bare vote (no data) after each round, as the engine runs
         record.votes[:] = round_
-        assert plain_votes.run(deadline(), internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+        assert plain_votes.run(deadline())
         assert (record.votes == round_).all(), f"round {round_}: the bare vote gave {record.votes}"
     if RANK == 0:
         print("OK vote records")
@@ -235,7 +235,7 @@ def check_dead_peer() -> None:
     # A schedule that stopped part way may still have receives posted: it never runs again.
     buf = np.ones(1000, np.float32)
     stopped = internode.schedule(COMM, buf, 0, Op.SUM, "doubling", 1)
-    assert not stopped.run(time.monotonic() + 0.2, internode.YIELD_POLL_S, internode.POLL_SLEEP_S)
+    assert not stopped.run(time.monotonic() + 0.2)
     try:
         stopped.rewind()
     except ValueError as e:
