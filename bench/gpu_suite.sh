@@ -48,11 +48,11 @@ check)
   ;;
 bench)
   log "allreduce cupy n=4, up to the paper's 186 MiB"
-  perf 4 -b 2976K -e 186M -f 4 -n 5 -w 2 --array cupy --backends hfr,mpi-staged,gloo,pcie-floor \
+  perf 4 -b 2976K -e 186M -f 4 -n 5 -w 2 --array cupy --backends hfr,mpi-staged,gloo,pcie-floor,pair-floor \
     --plot "$out/cupy_n4.png" | tee "$out/cupy_n4.txt"
   for n in 8; do
     log "allreduce cupy n=$n, 186 MiB"
-    perf $n -b 186M -e 186M -f 1 -n 5 -w 2 --array cupy --backends hfr,mpi-staged,gloo,pcie-floor \
+    perf $n -b 186M -e 186M -f 1 -n 5 -w 2 --array cupy --backends hfr,mpi-staged,gloo,pcie-floor,pair-floor \
       | tee "$out/cupy_n$n.txt"
   done
   for n in 4 8; do

@@ -460,6 +460,98 @@ class PcieFloorBackend:
         self.pinned.clear()
 
 
+class PairFloorBackend:
+    """Not a collective: the copies a call of issue 28's paired path makes, the floor that path is held
+    against, beside pcie-floor's. The node's ranks pair up (local ranks 2i and 2i + 1, on one device or two
+    with peer access); per call each rank copies its partner's half of send into the partner's inbox over
+    the device link (CUDA IPC), its own half device to host and host to device (the two directions at once,
+    as pcie-floor), then its half of recv to the partner's inbox, which the partner copies into its recv:
+    half the bytes a staged call moves across PCIe, and the pair's two exchanges. Nothing is added nor
+    reduced, so nothing is checked."""
+
+    name = "pair-floor"
+
+    def __init__(self, comm: MPI.Comm, kind: ArrayKind) -> None:
+        if kind.name != "cupy":
+            raise Unavailable("times copies between devices and the host: use --array cupy")
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank, local_size = node.rank, node.size
+        if local_size % 2:
+            node.Free()
+            raise Unavailable(f"pairs the ranks of a node: {local_size} here")
+        import cupy
+
+        self.cupy, self.kind = cupy, kind
+        self.pair = node.Split(local_rank // 2, local_rank)
+        node.Free()
+        self.lower = self.pair.rank == 0
+        device = cupy.cuda.Device().id
+        theirs = self.pair.sendrecv(device, dest=1 - self.pair.rank, source=1 - self.pair.rank)
+        if theirs != device and not cupy.cuda.runtime.deviceCanAccessPeer(device, theirs):
+            raise Unavailable(f"devices {device} and {theirs} of a pair have no peer access")
+        self.link, self.down, self.up = (cupy.cuda.Stream(non_blocking=True) for _ in range(3))
+        self.inbox_bytes, self.inbox, self.partner_inbox = 0, None, 0
+        self.pinned: dict[tuple, np.ndarray] = {}  # (count, dtype, direction) -> page-locked buffer, reused
+
+    def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
+        return None if coll.name == "allreduce" else "pairs are timed for allreduce"
+
+    def _inboxes(self, nbytes: int) -> None:
+        """An inbox of nbytes on our device and the partner's mapped here (both partners ask for the same)."""
+        runtime = self.cupy.cuda.runtime
+        if nbytes <= self.inbox_bytes:
+            return
+        if self.partner_inbox:
+            runtime.ipcCloseMemHandle(self.partner_inbox)
+        self.pair.Barrier()  # the partner no longer maps the inbox we free
+        self.inbox = self.cupy.cuda.Memory(nbytes)
+        handle = runtime.ipcGetMemHandle(self.inbox.ptr)
+        theirs = self.pair.sendrecv(handle, dest=1 - self.pair.rank, source=1 - self.pair.rank)
+        self.partner_inbox, self.inbox_bytes = runtime.ipcOpenMemHandle(theirs, 1), nbytes  # 1: lazy peer access
+
+    def _pinned(self, count: int, dtype: np.dtype, direction: str) -> np.ndarray:
+        key = (count, dtype, direction)
+        if key not in self.pinned:
+            self.pinned[key] = self.kind.empty_pinned(count, dtype)
+            self.pinned[key][...] = 1  # touched, and not zeros
+        return self.pinned[key]
+
+    def allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:
+        runtime = self.cupy.cuda.runtime
+        half = send.size // 2
+        mine, other = (slice(0, half), slice(half, None)) if self.lower else (slice(half, None), slice(0, half))
+        nbytes = (send.size - half) * send.itemsize
+        self._inboxes(nbytes)
+        device_to_device = 3  # cudaMemcpyDeviceToDevice
+        # the reduce-scatter's push: the partner's half of send into its inbox
+        part = send[other]
+        runtime.memcpyAsync(self.partner_inbox, part.data.ptr, part.nbytes, device_to_device, self.link.ptr)
+        self.link.synchronize()
+        self.pair.Barrier()
+        # our half across PCIe, both ways at once
+        part, back = send[mine], recv[mine]
+        part.get(stream=self.down, out=self._pinned(part.size, part.dtype, "down"), blocking=False)
+        back.set(self._pinned(back.size, back.dtype, "up"), stream=self.up)
+        self.down.synchronize()
+        self.up.synchronize()
+        # the all-gather: our half of recv into the partner's inbox, theirs from ours into recv
+        runtime.memcpyAsync(self.partner_inbox, back.data.ptr, back.nbytes, device_to_device, self.link.ptr)
+        self.link.synchronize()
+        self.pair.Barrier()
+        part = recv[other]
+        runtime.memcpyAsync(part.data.ptr, self.inbox.ptr, part.nbytes, device_to_device, self.link.ptr)
+        self.link.synchronize()
+
+    def close(self) -> None:
+        if self.partner_inbox:
+            self.cupy.cuda.runtime.ipcCloseMemHandle(self.partner_inbox)
+            self.partner_inbox = 0
+        self.pair.Barrier()
+        self.inbox = None
+        self.pinned.clear()
+        self.pair.Free()
+
+
 class WrongBackend(MpiBackend):
     """For the harness's own tests only (hidden from --help): MPI, then rank 0 corrupts one element."""
 
@@ -483,9 +575,9 @@ class WrongBackend(MpiBackend):
 
 
 _BACKENDS = {b.name: b for b in (HfrBackend, MpiBackend, MpiStagedBackend, GlooBackend, NcclBackend, DeepSpeedBackend,
-                                  PcieFloorBackend, WrongBackend)}
+                                  PcieFloorBackend, PairFloorBackend, WrongBackend)}
 BACKEND_NAMES = ("hfr", "mpi", "mpi-staged", "gloo", "nccl", "deepspeed")  # the default ones, in table order
-FLOOR_NAMES = ("pcie-floor",)  # not collectives, timed where asked for: never checked, never the best peer
+FLOOR_NAMES = ("pcie-floor", "pair-floor")  # not collectives, timed where asked for: never checked, never the best peer
 
 
 HFR_ALGO_NAMES = tuple(f"hfr:{algo}" for algo in ALGOS)  # hfr with one inter-node algorithm forced

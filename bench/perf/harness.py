@@ -70,7 +70,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--backends", default=",".join(BACKEND_NAMES),
                    help=f"comma-separated, timed in this order (default {','.join(BACKEND_NAMES)}); "
                         f"hfr:ALGO forces an inter-node algorithm, one of {','.join(HFR_ALGO_NAMES)}; "
-                        f"pcie-floor (CuPy) times only the copies a staged call makes, the floor of hfr's time")
+                        f"pcie-floor (CuPy) times only the copies a staged call makes, the floor of hfr's time; "
+                        f"pair-floor (CuPy) those of a call whose ranks pair up over their device link")
     p.add_argument("--seed", type=int, default=1, help="seed of every rank's input (default 1)")
     p.add_argument("--json", metavar="FILE", help="write layout, results and speedups as JSON")
     p.add_argument("--csv", metavar="FILE", help="write the results, one row per size, backend and placement")
