@@ -17,7 +17,7 @@ cpdef enum Protocol:
     CONSUMED = 24
     DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls
     DESCRIPTOR_WORDS = 8
-    CLOSING = 48  # set once, by close()
+    CLOSING = 48  # HEALTHY or BROKEN (hfr/_node_call.pyx)
     ROW_WORDS = 64  # a local rank's control row: 512 bytes, whole cache lines (hfr/shm.py lays them out)
     DESCRIPTOR_FIELDS = 5  # collective, count, dtype, op, root
     STAGES = 3
@@ -54,6 +54,7 @@ cdef struct Node:  # the segment, as this rank sees it, and how this rank works 
     void** inputs  # the reduce's input pointers, one per local rank
     Py_ssize_t late_column  # the counter column and target of the last wait that timed out (the engine names
     int64_t late_target  # the ranks it waited for)
+    int gone_rank  # the local rank whose CLOSING word ended that wait before its timeout, or -1
 
 
 cdef void describe(long long* fields, int collective, Py_ssize_t count, int dtype, int op, int root) noexcept nogil

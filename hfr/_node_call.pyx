@@ -15,7 +15,8 @@ to here"; chunk g's value is g + 1):
   ARRIVED    chunks I have copied into my input slot
   REDUCED    chunks whose slice I own is final in the result slot, their input slots read by me
   CONSUMED   chunks I have copied out of the result slot
-  CLOSING    set once, by close(): HEALTHY, or BROKEN when this rank's communicator failed
+  CLOSING    BROKEN once this rank's communicator failed, else HEALTHY once it closed: a rank whose word is
+             set makes no more progress, so a wait for it ends at once (_wait_all), not at the timeout
 A stage's input slots are reused once every rank has REDUCED the chunk that used them before, its result
 slot once every rank has CONSUMED it. So copies into the segment run ahead by up to STAGES chunks, while
 other chunks are reduced, travel and are copied back.
@@ -73,7 +74,7 @@ from hfr._internode cimport VOTE_WORDS
 from hfr._internode cimport Call as RailCall
 from hfr._internode cimport Schedule, advance_fn, poll
 from hfr._kernels cimport CACHED, STORES_BY_SIZE, STREAMED, Kind, Stores, copy_nogil, kernel_kind, op_code, reduce_nogil
-from hfr._spin cimport counters_reached
+from hfr._spin cimport counters_reached, gone_row
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_now, raise_pending, signal_raised
 
 from hfr._cuda import error_text
@@ -162,17 +163,22 @@ cdef inline void _mark(Plan* p, Py_ssize_t c, Mark step) noexcept nogil:
 
 cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
     """WAITED once every local rank's counter in column has reached target; timed_out if the timeout
-    passes first, INTERRUPTED if a signal handler raised meanwhile."""
+    passes first, or before it where a rank that has not reached it has its CLOSING word set (gone_rank),
+    INTERRUPTED if a signal handler raised meanwhile."""
     cdef double deadline = hfr_now() + node.timeout
+    cdef int gone = -1
     if target <= 0:
         return WAITED
     while not counters_reached(node.control, node.row_words, node.local_size, column, target,
                                min(HFR_SIGNAL_CHECK_S, deadline - hfr_now())):
-        if hfr_now() >= deadline:
-            node.late_column, node.late_target = column, target
+        if hfr_now() < deadline:
+            if signal_raised():
+                return INTERRUPTED
+            if column != CLOSING:
+                gone = gone_row(node.control, node.row_words, node.local_size, CLOSING, column, target)
+        if gone >= 0 or hfr_now() >= deadline:
+            node.late_column, node.late_target, node.gone_rank = column, target, gone
             return timed_out
-        if signal_raised():
-            return INTERRUPTED
     return WAITED
 
 
@@ -255,8 +261,9 @@ cdef class NodeCall:
 
     @property
     def late_wait(self) -> tuple:
-        """(counter column, target) of the last wait that timed out: a WAIT_ outcome's."""
-        return self.node.late_column, self.node.late_target
+        """(counter column, target, gone) of the last wait that timed out (a WAIT_ outcome's): gone is the
+        local rank whose CLOSING word ended it before the timeout, or -1."""
+        return self.node.late_column, self.node.late_target, self.node.gone_rank
 
     def wait_all(self, Py_ssize_t column, int64_t target) -> bool:
         """Wait, the GIL released, until every local rank's counter in column has reached target: True; False

@@ -17,6 +17,17 @@ cdef extern from *:
     long long hfr_load_acquire(const long long *p) nogil
 
 
+cdef int gone_row(const long long* words, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t flag, Py_ssize_t column,
+                  int64_t target) noexcept nogil:
+    """The first row whose word `flag` is set while its word `column` is below target, or -1: a row's owner
+    stores its counters before its flag, so one read after the flag (acquire) is its last."""
+    cdef Py_ssize_t r
+    for r in range(rows):
+        if hfr_load_acquire(words + r * row_words + flag) != 0 and hfr_load_acquire(words + r * row_words + column) < target:
+            return <int>r
+    return -1
+
+
 cdef bint counters_reached(const long long* words, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t column,
                            int64_t target, double seconds) noexcept nogil:
     """True once word `column` of every row (rows of row_words int64 at words) is >= target; False if

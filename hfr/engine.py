@@ -256,11 +256,13 @@ class Engine:
     def _failed(self, call: Call, failure: BaseException) -> BaseException:
         """What a failed call raises: a mismatch as it is; any other failure leaves the peers' state
         unknown and refuses further calls (front.broken): as an HFRError (the original as its __cause__),
-        or the KeyboardInterrupt as it is."""
+        or the KeyboardInterrupt as it is. The node's ranks see it at once (CLOSING: BROKEN), so none of
+        them waits for this one until its timeout."""
         if isinstance(failure, MismatchError):
             return failure
         wrap = isinstance(failure, Exception) and not isinstance(failure, HFRError)  # not Ctrl-C
         self.front.broken = error = _as_hfr_error(failure, call, self.layout) if wrap else failure
+        self._publish(CLOSING, BROKEN)
         return error
 
     def front_failed(self, x: Any, op: Any, out: Any, ended: Any, vote, rails) -> BaseException:
@@ -409,8 +411,13 @@ class Engine:
             c, where = self._node_call.failed_chunk, call.collective
             if outcome != Outcome.WAIT_CALL:
                 where += f" chunk {c + 1}/{self._node_call.call_chunks}"
-            raise self._timed_out(f"{where}: {_node_call.WAITED_FOR[outcome]}",
-                                  self._laggards(*self._node_call.late_wait))
+            column, target, gone = self._node_call.late_wait
+            what = f"{where}: {_node_call.WAITED_FOR[outcome]}"
+            if gone >= 0:  # a rank the wait needed has failed, or closed: it never comes
+                self.segment.sync()
+                how = "failed" if self.segment.control[gone, CLOSING] == BROKEN else "closed its communicator"
+                raise HFRError(f"{what}: rank {self.layout.node_ranks[gone]} of this node {how} before it came")
+            raise self._timed_out(what, self._laggards(column, target))
         if outcome == Outcome.MISMATCH_SPENT:  # every rank of the node ended chunk g with no result
             outcome = Outcome.MISMATCH
         if outcome == Outcome.VOTE_STOPPED:

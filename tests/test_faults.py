@@ -174,7 +174,8 @@ def test_a_peer_that_never_calls_times_out(nprocs, local_size, collective, tmp_p
 
 # Making and closing a Communicator, and failures that are not hfr's (tests/workers/lifecycle_worker.py).
 LIFECYCLE = [("settings", 3, None), ("settings", 4, 2), ("absent", 3, None), ("close", 3, None), ("close", 4, 2),
-             ("foreign", 3, None), ("foreign", 3, 1), ("foreign", 4, 2), ("race", 2, None), ("interrupt", 2, None), ("interrupt", 2, 1),
+             ("foreign", 3, None), ("foreign", 3, 1), ("foreign", 4, 2), ("gone", 3, None), ("gone", 4, 2),
+             ("race", 2, None), ("interrupt", 2, None), ("interrupt", 2, 1),
              ("held", 2, None), ("held", 2, 1),
              ("inflight", 2, None), ("inflight", 3, 1)]
 

@@ -10,7 +10,11 @@ absent    the last rank never makes its first call: hfr.allreduce (the default C
 close     the last rank's communicator fails (it alone calls, and times out); the others' close() then
           returns at once instead of entering the window's collective free without it.
 foreign   a failure that is not hfr's (MemoryError in the engine) reaches Work.wait() as an HFRError
-          whose __cause__ is the original; the communicator then refuses calls; the others time out.
+          whose __cause__ is the original; the communicator then refuses calls; the others of its node
+          fail at once, naming it, those of other nodes time out.
+gone      the last rank closes its communicator while the others make a call it never makes: those of its
+          node fail at once, naming it, those of other nodes time out; then a new Communicator's calls
+          are right, element by element.
 race      a call that passed its checks just before close() ran is refused (HFRError), never "done"
           with the caller's own input; so is a call made while close() runs; a call counted in and
           never out (Ctrl-C at the wrong moment) holds close() up for the timeout at most.
@@ -108,11 +112,38 @@ elif scenario == "foreign":
                        lambda: comm.allreduce_async(np.ones(n, np.float32), out=np.empty(n, np.float32)).wait())
         assert isinstance(error.__cause__, MemoryError), repr(error.__cause__)
         expect(hfr.HFRError, "failed earlier", lambda: comm.allreduce(np.ones(10, np.float32)))
-    else:  # waiting for the failed rank to make the call: on the node's counters, or on the rail
+    elif last in comm._engine.layout.node_ranks:  # waiting on the node's counters: the failure is seen at once
+        start = time.monotonic()
+        expect(hfr.HFRError, f"rank {last} of this node failed before it came",
+               lambda: comm.allreduce(np.ones(n, np.float32), out=np.empty(n, np.float32)))
+        assert time.monotonic() - start < TIMEOUT / 2, time.monotonic() - start
+    else:  # waiting on the rail for the failed rank's node
         expect(hfr.HFRTimeoutError, "", lambda: comm.allreduce(np.ones(n, np.float32), out=np.empty(n, np.float32)))
     done()
     world.Barrier()  # hfr works on its own Dup; an early exit would make the launcher end the others
     os._exit(0)
+elif scenario == "gone":
+    comm = hfr.Communicator(world, timeout=TIMEOUT)
+    if rank == last:
+        assert not comm.close()  # not freed: its peers failed, so none frees the segment with it
+    else:
+        start = time.monotonic()
+        x = np.ones(5000, np.float32)
+        if last in comm._engine.layout.node_ranks:
+            expect(hfr.HFRError, f"rank {last} of this node closed its communicator before it came",
+                   lambda: comm.allreduce(x))
+            assert time.monotonic() - start < TIMEOUT / 2, time.monotonic() - start
+        else:
+            expect(hfr.HFRTimeoutError, "", lambda: comm.allreduce(x))
+        assert (x == 1).all(), "a failed call changed x"
+        comm.close()
+    world.Barrier()
+    with hfr.Communicator(world, timeout=TIMEOUT) as fresh:
+        for n in (1, 7, 5000, 300007):
+            x = np.arange(n, dtype=np.float32) % 1000 + rank
+            want = (np.arange(n, dtype=np.float64) % 1000) * size + size * (size - 1) / 2
+            assert np.array_equal(fresh.allreduce(x), want.astype(np.float32)), n
+    done()
 elif scenario == "race":
     comm = hfr.Communicator(world, timeout=TIMEOUT)
     checks = comm._check_open

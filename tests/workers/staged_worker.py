@@ -184,16 +184,21 @@ elif mode == "fail":
     if rank == 0:  # a chunk's copy in is one copy, as is its copy out; the first STAGES chunks' copies in come first
         chunks = len(comm._engine._node_call.chunks(count, 4))
         os.environ["FAKE_CUDA_FAIL_AT"] = str(driver.fake_copies() + (1 if step == 1 else min(chunks, STAGES) + 1))
+    start = time.monotonic()
     try:
         got = comm.allreduce(x)
-    except hfr.HFRTimeoutError:
-        assert rank != 0
+    except hfr.HFRTimeoutError:  # across nodes, waiting on the rail
+        assert rank != 0 and comm.nnodes > 1, "a rank waited for its node's failed rank until the timeout"
     except hfr.HFRError as error:
-        assert rank == 0 and "CUDA_ERROR_ILLEGAL_ADDRESS" in str(error), error
-        assert ("copying x to the host" if step == 1 else "copying the result to the device") in str(error), error
         assert comm._engine.front.broken is not None
-        if step == 1:
-            assert np.array_equal(cupy.asnumpy(x), host), "a failed copy in changed x"
+        if rank == 0:
+            assert "CUDA_ERROR_ILLEGAL_ADDRESS" in str(error), error
+            assert ("copying x to the host" if step == 1 else "copying the result to the device") in str(error), error
+            if step == 1:
+                assert np.array_equal(cupy.asnumpy(x), host), "a failed copy in changed x"
+        else:  # of rank 0's node, which sees its failure at once
+            assert "rank 0 of this node failed before it came" in str(error), error
+            assert time.monotonic() - start < 2, f"{time.monotonic() - start:.1f} s after rank 0's failure"
     else:
         assert rank != 0 and step == 2, "the failing rank's call ended"  # the others were done with rank 0
         assert np.array_equal(cupy.asnumpy(got), want), "right though rank 0 failed"
