@@ -325,7 +325,7 @@ cdef class NodeCall:
         cdef Plan p
         cdef Py_ssize_t x_count = max(fields[1], 0), c  # a refused call's count (REFUSED) moves nothing
         p.fields, p.collective, p.folded = fields, fields[0], folded
-        p.into_result = p.collective == BROADCAST or p.collective == ALLGATHER
+        p.into_result = not reduces(p.collective)
         p.deposits = p.collective != BROADCAST or self.rank == fields[4]
         p.in_out = in_out
         p.copies_out = _copies_out(p.collective, self.rank == fields[4], out == x) and not in_out
@@ -391,10 +391,16 @@ _CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current (its even
                CUDA_COPY_OUT: "copying the result to the device"}
 
 
+cpdef bint reduces(int collective) noexcept nogil:
+    """Whether the collective combines the ranks' data by an op (not broadcast, allgather): x goes to our
+    input slot, and the descriptor carries the op."""
+    return collective != BROADCAST and collective != ALLGATHER
+
+
 cdef inline bint _whole(int collective, bint one_node, Py_ssize_t total) noexcept nogil:
     """Whether a call of total bytes is whole: one node, x deposited in the input slots (not the result
     slot), at most WHOLE_UP_TO_BYTES (so one chunk)."""
-    return one_node and collective != BROADCAST and collective != ALLGATHER and total <= WHOLE_UP_TO_BYTES
+    return one_node and reduces(collective) and total <= WHOLE_UP_TO_BYTES
 
 
 cdef inline bint _copies_out(int collective, bint is_root, bint out_is_x) noexcept nogil:
@@ -457,7 +463,7 @@ cdef void describe(long long* fields, int collective, Py_ssize_t count, int dtyp
     cdef bint refused = count == REFUSED
     fields[0], fields[1] = collective, count
     fields[2] = -1 if refused else dtype
-    fields[3] = -1 if refused or collective == BROADCAST or collective == ALLGATHER else op
+    fields[3] = op if reduces(collective) and not refused else -1
     fields[4] = -1 if refused else root
 
 
