@@ -329,10 +329,10 @@ cdef class NodeCall:
         p.deposits = p.collective != BROADCAST or self.rank == fields[4]
         p.in_out = in_out
         p.copies_out = _copies_out(p.collective, self.rank == fields[4], out == x) and not in_out
-        # x and out within the elements the chunks cut: an allgather cuts out's, the others x's
+        # x and out within the elements the chunks cut (cut_count)
         p.x, p.x_nbytes = x, x_count * itemsize
         p.out, p.out_nbytes = out, out_count * itemsize
-        p.total = p.out_nbytes if p.collective == ALLGATHER else p.x_nbytes
+        p.total = cut_count(p.collective, x_count, out_count) * itemsize
         p.x_at = self.rank * p.x_nbytes if p.collective == ALLGATHER else 0
         p.out_at = self.rank * p.out_nbytes if p.collective == REDUCE_SCATTER else 0
         p.whole = _whole(p.collective, vote is None, p.total)
@@ -389,6 +389,11 @@ WAITED_FOR = {WAIT_CALL: "the node's ranks to make the call",
 _CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current (its events and streams, the first time)",
                CUDA_ORDER: "ordering the copies after the caller's stream", CUDA_COPY_IN: "copying x to the host",
                CUDA_COPY_OUT: "copying the result to the device"}
+
+
+cpdef Py_ssize_t cut_count(int collective, Py_ssize_t x_count, Py_ssize_t out_count) noexcept nogil:
+    """The elements a call's chunks cut: out's for an allgather (every rank's shard), x's for the others."""
+    return out_count if collective == ALLGATHER else x_count
 
 
 cpdef bint reduces(int collective) noexcept nogil:

@@ -73,12 +73,12 @@ class Call:
 
     @property
     def elements(self) -> int:
-        """The elements the chunks cut: the whole of an allgather's out, x's for the others."""
-        return self.out.size if self.collective == "allgather" else self.x.size
+        """The elements the chunks cut (hfr/_node_call.pyx's cut_count)."""
+        return _node_call.cut_count(_COLLECTIVE_CODES[self.collective], self.x.size, self.out.size)
 
     @property
     def nbytes(self) -> int:
-        return self.out.nbytes if self.collective == "allgather" else self.x.nbytes
+        return self.elements * self.x.dtype.itemsize
 
     def descriptor(self) -> list[int]:
         """What the call check compares (hfr/_node_call.pyx's describe)."""
