@@ -17,7 +17,7 @@ cpdef enum Protocol:
     CONSUMED = 24
     DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls
     DESCRIPTOR_WORDS = 8
-    CLOSING = 48  # HEALTHY or BROKEN (hfr/_node_call.pyx)
+    CLOSING = 48  # a Closing, or 0 (hfr/_node_call.pyx)
     ROW_WORDS = 64  # a local rank's control row: 512 bytes, whole cache lines (hfr/shm.py lays them out)
     DESCRIPTOR_FIELDS = 5  # collective, count, dtype, op, root
     STAGES = 3
@@ -26,6 +26,12 @@ cpdef enum Protocol:
     WHOLE_UP_TO_BYTES = 4096  # a call on one node of at most this many bytes: x whole in every input slot
     # (reducing 4 KiB per rank costs less than a hand-off)
     REFUSED = -1  # the count of a refused call's descriptor (its other fields -1 but the collective)
+
+
+cpdef enum Closing:  # a rank's CLOSING word, once set
+    TIMED_OUT = -1  # its communicator failed on a timeout, and it has not closed: its peers time out in turn
+    HEALTHY = 1  # it closed healthy
+    BROKEN = 2  # its communicator failed otherwise, or it closed so
 
 
 cpdef enum Collective:  # wire codes: append only

@@ -15,8 +15,9 @@ to here"; chunk g's value is g + 1):
   ARRIVED    chunks I have copied into my input slot
   REDUCED    chunks whose slice I own is final in the result slot, their input slots read by me
   CONSUMED   chunks I have copied out of the result slot
-  CLOSING    BROKEN once this rank's communicator failed, else HEALTHY once it closed: a rank whose word is
-             set makes no more progress, so a wait for it ends at once (_wait_all), not at the timeout
+  CLOSING    BROKEN once this rank's communicator failed (TIMED_OUT where a wait of it timed out), else
+             HEALTHY once it closed: a rank whose word is HEALTHY or BROKEN makes no more progress, so a wait
+             for it ends at once (_wait_all), not at the timeout
 A stage's input slots are reused once every rank has REDUCED the chunk that used them before, its result
 slot once every rank has CONSUMED it. So copies into the segment run ahead by up to STAGES chunks, while
 other chunks are reduced, travel and are copied back.
@@ -163,7 +164,8 @@ cdef inline void _mark(Plan* p, Py_ssize_t c, Mark step) noexcept nogil:
 
 cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
     """WAITED once every local rank's counter in column has reached target; timed_out if the timeout
-    passes first, or before it where a rank that has not reached it has its CLOSING word set (gone_rank),
+    passes first, or before it where a rank that has not reached it has closed or broken (its CLOSING word
+    HEALTHY or BROKEN: gone_rank),
     INTERRUPTED if a signal handler raised meanwhile."""
     cdef double deadline = hfr_now() + node.timeout
     cdef int gone = -1
@@ -221,7 +223,7 @@ cdef class NodeCall:
         self.node.control, self.node.row_words = <long long*>control, row_words
         self.node.local_size, self.node.local_rank, self.node.timeout = local_size, local_rank, timeout
         self.node.stages, self.node.stage_bytes, self.node.slot_bytes = <char*>stages, stage_bytes, slot_bytes
-        self.node.threads = threads
+        self.node.threads, self.node.gone_rank = threads, -1
         self.size, self.rank = size, rank
         self.cache_bytes, self.chunk = cache_bytes, chunk
         self.node.inputs = <void**>malloc(local_size * sizeof(void*))

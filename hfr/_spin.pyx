@@ -19,11 +19,11 @@ cdef extern from *:
 
 cdef int gone_row(const long long* words, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t flag, Py_ssize_t column,
                   int64_t target) noexcept nogil:
-    """The first row whose word `flag` is set while its word `column` is below target, or -1: a row's owner
-    stores its counters before its flag, so one read after the flag (acquire) is its last."""
+    """The first row whose word `flag` is positive while its word `column` is below target, or -1: a row's
+    owner stores its counters before its flag, so one read after the flag (acquire) is its last."""
     cdef Py_ssize_t r
     for r in range(rows):
-        if hfr_load_acquire(words + r * row_words + flag) != 0 and hfr_load_acquire(words + r * row_words + column) < target:
+        if hfr_load_acquire(words + r * row_words + flag) > 0 and hfr_load_acquire(words + r * row_words + column) < target:
             return <int>r
     return -1
 

@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 from . import _node_call, _wait, internode, topology
 from ._front import Front, rail_shape_key
-from ._node_call import Collective, Protocol, cache_chunk_bytes
+from ._node_call import Closing, Collective, Protocol, cache_chunk_bytes
 from .arrays import Array, inspect
 from .copies import CudaCopies, caller_ready
 from .errors import HFRError, HFRTimeoutError, MismatchError
@@ -45,7 +45,7 @@ STAGES = int(Protocol.STAGES)
 CLOSING = int(Protocol.CLOSING)
 WHOLE_UP_TO_BYTES = int(Protocol.WHOLE_UP_TO_BYTES)
 COLLECTIVES = tuple(c.name.lower() for c in Collective)  # in wire code order
-HEALTHY, BROKEN = 1, 2  # CLOSING's values
+HEALTHY, BROKEN, TIMED_OUT = (int(c) for c in (Closing.HEALTHY, Closing.BROKEN, Closing.TIMED_OUT))  # CLOSING's
 REFUSED = int(Protocol.REFUSED)
 ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits up to this long for its peers' word on who never came
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
@@ -257,12 +257,13 @@ class Engine:
         """What a failed call raises: a mismatch as it is; any other failure leaves the peers' state
         unknown and refuses further calls (front.broken): as an HFRError (the original as its __cause__),
         or the KeyboardInterrupt as it is. The node's ranks see it at once (CLOSING: BROKEN), so none of
-        them waits for this one until its timeout."""
+        them waits for this one until its timeout; after a timeout (TIMED_OUT) they time out in turn, each
+        naming whom it waited for."""
         if isinstance(failure, MismatchError):
             return failure
         wrap = isinstance(failure, Exception) and not isinstance(failure, HFRError)  # not Ctrl-C
         self.front.broken = error = _as_hfr_error(failure, call, self.layout) if wrap else failure
-        self._publish(CLOSING, BROKEN)
+        self._publish(CLOSING, TIMED_OUT if isinstance(error, HFRTimeoutError) else BROKEN)
         return error
 
     def front_failed(self, x: Any, op: Any, out: Any, ended: Any, vote, rails) -> BaseException:
@@ -413,9 +414,10 @@ class Engine:
                 where += f" chunk {c + 1}/{self._node_call.call_chunks}"
             column, target, gone = self._node_call.late_wait
             what = f"{where}: {_node_call.WAITED_FOR[outcome]}"
-            if gone >= 0:  # a rank the wait needed has failed, or closed: it never comes
+            if gone >= 0:  # a rank the wait needed has failed, or closed: it never comes (the rail hears of it)
                 self.segment.sync()
                 how = "failed" if self.segment.control[gone, CLOSING] == BROKEN else "closed its communicator"
+                internode.report_absent(self.rail_comm, [self.layout.node_ranks[gone]], self._report_room)
                 raise HFRError(f"{what}: rank {self.layout.node_ranks[gone]} of this node {how} before it came")
             raise self._timed_out(what, self._laggards(column, target))
         if outcome == Outcome.MISMATCH_SPENT:  # every rank of the node ended chunk g with no result

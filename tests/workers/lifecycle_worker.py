@@ -117,8 +117,9 @@ elif scenario == "foreign":
         expect(hfr.HFRError, f"rank {last} of this node failed before it came",
                lambda: comm.allreduce(np.ones(n, np.float32), out=np.empty(n, np.float32)))
         assert time.monotonic() - start < TIMEOUT / 2, time.monotonic() - start
-    else:  # waiting on the rail for the failed rank's node
-        expect(hfr.HFRTimeoutError, "", lambda: comm.allreduce(np.ones(n, np.float32), out=np.empty(n, np.float32)))
+    else:  # waiting on the rail for the failed rank's node, whose other ranks name it
+        expect(hfr.HFRTimeoutError, f"ranks [{last}] never came",
+               lambda: comm.allreduce(np.ones(n, np.float32), out=np.empty(n, np.float32)))
     done()
     world.Barrier()  # hfr works on its own Dup; an early exit would make the launcher end the others
     os._exit(0)
