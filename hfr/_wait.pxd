@@ -12,14 +12,11 @@ cdef extern from *:
     static inline void hfr_nap(long ns) { struct timespec t = {0, ns}; nanosleep(&t, NULL); }
     #define HFR_SIGNAL_CHECK_S 0.05  /* a long wait in C looks at pending signals this often */
     /* Between two looks at what a wait waits for (counters, MPI requests), idle_s after the last progress:
-       yield the CPU (a chunk's copies take ~0.1-1 ms), then nap, so idle ranks leave the cores to others:
-       20 us, growing with the idle time to 1% of it, at most 1 ms (a long wait costs little CPU, and ends
-       at most 1% later than what it waits for). */
+       yield the CPU (a chunk's copies take ~0.1-1 ms), then nap, so idle ranks leave the cores to others. */
     #define HFR_WAIT_YIELD_S 2e-3
+    #define HFR_WAIT_NAP_NS 20000
     static inline void hfr_idle(double idle_s) {
-        double nap = idle_s / 100;
-        if (idle_s < HFR_WAIT_YIELD_S) sched_yield();
-        else hfr_nap(nap < 20e-6 ? 20000 : nap > 1e-3 ? 1000000 : (long)(nap * 1e9));
+        if (idle_s < HFR_WAIT_YIELD_S) sched_yield(); else hfr_nap(HFR_WAIT_NAP_NS);
     }
     """
     double hfr_now() nogil
