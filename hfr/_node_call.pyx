@@ -165,8 +165,7 @@ cdef inline void _mark(Plan* p, Py_ssize_t c, Mark step) noexcept nogil:
 cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
     """WAITED once every local rank's counter in column has reached target; timed_out if the timeout
     passes first, or before it where a rank that has not reached it has closed or broken (its CLOSING word
-    HEALTHY or BROKEN: gone_rank),
-    INTERRUPTED if a signal handler raised meanwhile."""
+    HEALTHY or BROKEN: gone_rank), INTERRUPTED if a signal handler raised meanwhile."""
     cdef double deadline = hfr_now() + node.timeout
     cdef int gone = -1
     if target <= 0:
@@ -176,11 +175,12 @@ cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out)
         if hfr_now() < deadline:
             if signal_raised():
                 return INTERRUPTED
-            if column != CLOSING:
-                gone = gone_row(node.control, node.row_words, node.local_size, CLOSING, column, target)
-        if gone >= 0 or hfr_now() >= deadline:
-            node.late_column, node.late_target, node.gone_rank = column, target, gone
-            return timed_out
+            gone = -1 if column == CLOSING else gone_row(node.control, node.row_words, node.local_size, CLOSING,
+                                                         column, target)
+            if gone < 0:
+                continue
+        node.late_column, node.late_target, node.gone_rank = column, target, gone
+        return timed_out
     return WAITED
 
 

@@ -400,8 +400,8 @@ class Engine:
             return self._vote, [None], False
         if self._rail_scratch.nbytes < (hi - lo) * size:
             self._rail_scratch = np.empty((hi - lo) * size, np.uint8)  # schedules made before keep theirs
-        rail = internode.schedule(self.rail_comm, self._result_slice(call, at, hi - lo, False), lo, op, self._algo_for(call), self.threads,
-                                  scratch=self._rail_scratch)
+        rail = internode.schedule(self.rail_comm, self._result_slice(call, at, hi - lo, False), lo, op,
+                                  self._algo_for(call), self.threads, scratch=self._rail_scratch)
         return self._vote, [rail], False
 
     def _c_call_failed(self, call: Call, outcome: int, vote, rails) -> None:
@@ -417,8 +417,9 @@ class Engine:
             if gone >= 0:  # a rank the wait needed has failed, or closed: it never comes (the rail hears of it)
                 self.segment.sync()
                 how = "failed" if self.segment.control[gone, CLOSING] == BROKEN else "closed its communicator"
-                internode.report_absent(self.rail_comm, [self.layout.node_ranks[gone]], self._report_room)
-                raise HFRError(f"{what}: rank {self.layout.node_ranks[gone]} of this node {how} before it came")
+                rank = self.layout.node_ranks[gone]
+                internode.report_absent(self.rail_comm, [rank], self._report_room)
+                raise HFRError(f"{what}: rank {rank} of this node {how} before it came")
             raise self._timed_out(what, self._laggards(column, target))
         if outcome == Outcome.MISMATCH_SPENT:  # every rank of the node ended chunk g with no result
             outcome = Outcome.MISMATCH

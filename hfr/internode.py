@@ -244,9 +244,8 @@ def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
 def complete(request: MPI.Request, timeout: float, timed_out: Callable[[], BaseException], *buffers) -> None:
     """Wait for request (an MPI exchange of the Python side: the mismatch report, the settings' check):
     poll it, idle between polls as every wait is (hfr/_wait.pxd's hfr_idle, the GIL released); raise
-    timed_out() once timeout seconds pass. A signal handler's
-    exception (or close() from one) ends the wait too. If the wait ends first, request and buffers are
-    kept for good: MPI may still write there."""
+    timed_out() once timeout seconds pass. A signal handler's exception (or close() from one) ends the wait
+    too. If the wait ends first, request and buffers are kept for good: MPI may still write there."""
     start = time.monotonic()
     try:
         while not request.Test():

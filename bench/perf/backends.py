@@ -460,20 +460,19 @@ class PcieFloorBackend:
         self.pinned.clear()
 
 
-class PairFloorBackend:
+class PairFloorBackend(PcieFloorBackend):
     """Not a collective: the copies a call of issue 28's paired path makes, the floor that path is held
     against, beside pcie-floor's. The node's ranks pair up (local ranks 2i and 2i + 1, on one device or two
     with peer access); per call each rank copies its partner's half of send into the partner's inbox over
-    the device link (CUDA IPC), its own half device to host and host to device (the two directions at once,
-    as pcie-floor), then its half of recv to the partner's inbox, which the partner copies into its recv:
-    half the bytes a staged call moves across PCIe, and the pair's two exchanges. Nothing is added nor
-    reduced, so nothing is checked."""
+    the device link (CUDA IPC), its own half device to host and host to device (pcie-floor's copies), then
+    its half of recv to the partner's inbox, which the partner copies into its recv: half the bytes a staged
+    call moves across PCIe, and the pair's two exchanges. Nothing is added nor reduced, so nothing is
+    checked."""
 
     name = "pair-floor"
 
     def __init__(self, comm: MPI.Comm, kind: ArrayKind) -> None:
-        if kind.name != "cupy":
-            raise Unavailable("times copies between devices and the host: use --array cupy")
+        super().__init__(comm, kind)
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         local_rank, local_size = node.rank, node.size
         if local_size % 2:
@@ -481,17 +480,16 @@ class PairFloorBackend:
             raise Unavailable(f"pairs the ranks of a node: {local_size} here")
         import cupy
 
-        self.cupy, self.kind = cupy, kind
+        self.cupy = cupy
         self.pair = node.Split(local_rank // 2, local_rank)
         node.Free()
-        self.lower = self.pair.rank == 0
+        self.lower, self.partner = self.pair.rank == 0, 1 - self.pair.rank
         device = cupy.cuda.Device().id
-        theirs = self.pair.sendrecv(device, dest=1 - self.pair.rank, source=1 - self.pair.rank)
+        theirs = self.pair.sendrecv(device, dest=self.partner, source=self.partner)
         if theirs != device and not cupy.cuda.runtime.deviceCanAccessPeer(device, theirs):
             raise Unavailable(f"devices {device} and {theirs} of a pair have no peer access")
-        self.link, self.down, self.up = (cupy.cuda.Stream(non_blocking=True) for _ in range(3))
+        self.link = cupy.cuda.Stream(non_blocking=True)
         self.inbox_bytes, self.inbox, self.partner_inbox = 0, None, 0
-        self.pinned: dict[tuple, np.ndarray] = {}  # (count, dtype, direction) -> page-locked buffer, reused
 
     def unsupported(self, coll: Collective, dtype: np.dtype, op: str, in_place: bool) -> Optional[str]:
         return None if coll.name == "allreduce" else "pairs are timed for allreduce"
@@ -506,41 +504,27 @@ class PairFloorBackend:
         self.pair.Barrier()  # the partner no longer maps the inbox we free
         self.inbox = self.cupy.cuda.Memory(nbytes)
         handle = runtime.ipcGetMemHandle(self.inbox.ptr)
-        theirs = self.pair.sendrecv(handle, dest=1 - self.pair.rank, source=1 - self.pair.rank)
+        theirs = self.pair.sendrecv(handle, dest=self.partner, source=self.partner)
         self.partner_inbox, self.inbox_bytes = runtime.ipcOpenMemHandle(theirs, 1), nbytes  # 1: lazy peer access
 
-    def _pinned(self, count: int, dtype: np.dtype, direction: str) -> np.ndarray:
-        key = (count, dtype, direction)
-        if key not in self.pinned:
-            self.pinned[key] = self.kind.empty_pinned(count, dtype)
-            self.pinned[key][...] = 1  # touched, and not zeros
-        return self.pinned[key]
+    def _push(self, dst: int, src: int, nbytes: int) -> None:
+        """nbytes from src to dst, device to device on the link's stream, done on return."""
+        self.cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, 3, self.link.ptr)  # 3: cudaMemcpyDeviceToDevice
+        self.link.synchronize()
 
     def allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:
-        runtime = self.cupy.cuda.runtime
         half = send.size // 2
         mine, other = (slice(0, half), slice(half, None)) if self.lower else (slice(half, None), slice(0, half))
-        nbytes = (send.size - half) * send.itemsize
-        self._inboxes(nbytes)
-        device_to_device = 3  # cudaMemcpyDeviceToDevice
-        # the reduce-scatter's push: the partner's half of send into its inbox
-        part = send[other]
-        runtime.memcpyAsync(self.partner_inbox, part.data.ptr, part.nbytes, device_to_device, self.link.ptr)
-        self.link.synchronize()
+        self._inboxes((send.size - half) * send.itemsize)
+        part = send[other]  # the reduce-scatter's push: the partner's half of send into its inbox
+        self._push(self.partner_inbox, part.data.ptr, part.nbytes)
         self.pair.Barrier()
-        # our half across PCIe, both ways at once
-        part, back = send[mine], recv[mine]
-        part.get(stream=self.down, out=self._pinned(part.size, part.dtype, "down"), blocking=False)
-        back.set(self._pinned(back.size, back.dtype, "up"), stream=self.up)
-        self.down.synchronize()
-        self.up.synchronize()
-        # the all-gather: our half of recv into the partner's inbox, theirs from ours into recv
-        runtime.memcpyAsync(self.partner_inbox, back.data.ptr, back.nbytes, device_to_device, self.link.ptr)
-        self.link.synchronize()
+        back = recv[mine]
+        self.copies(send[mine], back, op, root)  # our half across PCIe, both ways at once
+        self._push(self.partner_inbox, back.data.ptr, back.nbytes)  # the all-gather: our half of recv to theirs
         self.pair.Barrier()
         part = recv[other]
-        runtime.memcpyAsync(part.data.ptr, self.inbox.ptr, part.nbytes, device_to_device, self.link.ptr)
-        self.link.synchronize()
+        self._push(part.data.ptr, self.inbox.ptr, part.nbytes)
 
     def close(self) -> None:
         if self.partner_inbox:
@@ -548,8 +532,8 @@ class PairFloorBackend:
             self.partner_inbox = 0
         self.pair.Barrier()
         self.inbox = None
-        self.pinned.clear()
         self.pair.Free()
+        super().close()
 
 
 class WrongBackend(MpiBackend):
