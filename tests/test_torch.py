@@ -82,6 +82,13 @@ def test_backend_timeout_raises_then_refuses():
     assert "torch timeout ok" in out
 
 
+def test_backend_closed_group_raises_at_once():
+    """A rank destroys its groups while the others of its node call on them: dist.all_reduce, work.wait() and
+    the future raise HFRError naming it, well before the timeout; the groups' next calls raise."""
+    out = run_mpi(3, "torch_faults_worker.py", "closed", env={"HFR_TIMEOUT": "10"}, timeout=90).stdout
+    assert "torch closed ok" in out
+
+
 @pytest.mark.parametrize("nprocs, local_size", [(2, None), (2, "1"), (4, "2")], ids=["1x2", "2x1", "2x2"])
 def test_ctrl_c_in_a_wait_interrupts_the_wait_not_the_call(nprocs, local_size):
     """Ctrl-C in work.wait() of an async dist.all_reduce while a peer is late: KeyboardInterrupt, the call goes

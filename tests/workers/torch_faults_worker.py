@@ -8,6 +8,9 @@ tests/test_torch.py.
     torch_faults_worker.py timeout      (2 ranks, HFR_TIMEOUT=3) rank 1 never calls on three groups: rank 0's
                         dist.all_reduce, work.wait() and future raise a timeout, then each group's next call
                         raises; every rank exits
+    torch_faults_worker.py closed       (3 ranks, one node) the last rank destroys two groups while the others
+                        call on them: dist.all_reduce, work.wait() and the future raise at once, naming it;
+                        each group's next call raises; then a new group's call is right
     torch_faults_worker.py lifecycle    (3 ranks) 4 cycles of init, groups A = {0, 1} and B = {0, 2} where
                         rank 0's blocking call on B must not wait for its call on A (rank 1 joins A only after
                         it), the groups destroyed, then the whole; threads and /dev/shm mappings after
@@ -158,6 +161,38 @@ def check_timeout() -> None:
     dist.destroy_process_group()
 
 
+def check_closed() -> None:
+    """The last rank destroys two groups while the others call on them: dist.all_reduce, work.wait() and the
+    future raise at once, naming it; the groups' next calls raise; a new group's call is right."""
+    hfr.torch.init_process_group("hfr")
+    groups = [dist.new_group(backend="hfr") for _ in range(2)]
+    last = size - 1
+    if rank == last:
+        for group in groups:
+            dist.destroy_process_group(group)
+    else:
+        timeout = groups[0].hfr.timeout
+        gone = f"rank {last} of this node closed its communicator"
+        blocking, waited = groups if rank % 2 == 0 else groups[::-1]
+        start = time.monotonic()
+        work = dist.all_reduce(values(COUNT, rank), group=waited, async_op=True)
+        expect(hfr.HFRError, gone, lambda: dist.all_reduce(values(COUNT, rank), group=blocking),
+               "dist.all_reduce beside a closed group")
+        expect(hfr.HFRError, gone, work.wait, "work.wait() beside a closed group")
+        assert not work.is_success()
+        expect(hfr.HFRError, gone, work.get_future().wait, "get_future().wait() beside a closed group")
+        took = time.monotonic() - start
+        assert took < timeout / 2, f"the failures came after {took:.1f} s"
+        for group in groups:  # broken: the next call raises, never hands the tensor back unreduced
+            expect(hfr.HFRError, "", lambda: dist.all_reduce(values(COUNT, rank), group=group), "the next call")
+    world.Barrier()
+    fresh = dist.new_group(backend="hfr")
+    x = values(COUNT, rank)
+    dist.all_reduce(x, group=fresh)
+    assert_right(x, list(range(size)), "a new group's call")
+    dist.destroy_process_group()
+
+
 def check_interrupt() -> None:
     """Ctrl-C in a wait for an unfinished call interrupts the wait, not the call (hfr/torch.py's _Call)."""
     import signal
@@ -261,7 +296,7 @@ def main() -> None:
             torch.cuda.set_device(device)
         check_mismatch(device)
     else:
-        {"timeout": check_timeout, "interrupt": check_interrupt, "lifecycle": check_lifecycle,
+        {"timeout": check_timeout, "closed": check_closed, "interrupt": check_interrupt, "lifecycle": check_lifecycle,
          "torchrun": check_torchrun}[mode]()
     world.Barrier()
     if rank == 0:
