@@ -14,6 +14,8 @@
 #              (~550 us for an H2D of <= 16 KiB with 4 processes time-slicing the GPU: bench/RESULTS.md) (~1 min)
 #   steps      where a staged call's chunks spend their time (bench/chunk_steps.py): CuPy 64 MiB n=4 in chunks
 #              of 8 MiB and 1 MiB, time-sliced and under MPS, and NumPy beside them (~2 min)
+#   pairs      GPU pairs (issue 28): their tests, then CuPy n=4 1 MiB - 186 MiB and n=8 186 MiB with pairs off, on and
+#              auto (hfr) beside the PCIe and pair floors (~5 min)
 #   shm        hfr on NumPy arrays and torch CPU tensors (also with OMP_WAIT_POLICY=PASSIVE) against DeepSpeed's
 #              shm allreduce, in place, 8 B up, n = 4 and 8 (~4 min; needs the deepspeed wheels: see the stage)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
@@ -139,6 +141,16 @@ steps)
     [ $mps = on ] && echo quit | nvidia-cuda-mps-control
   done
   ;;
+pairs)
+  log "GPU pairs: tests"
+  timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_cupy.py -k pairs 2>&1 | tail -15
+  log "allreduce cupy n=4: pairs off, on and auto (hfr), beside the floors"
+  perf 4 -b 1M -e 186M -f 4 -n 5 -w 2 --array cupy --backends hfr:pairs-off,hfr:pairs-on,hfr,pcie-floor,pair-floor \
+    | tee "$out/pairs_n4.txt"
+  log "allreduce cupy n=8, 186 MiB: pairs off and on, beside the floors"
+  perf 8 -b 186M -e 186M -f 1 -n 5 -w 2 --array cupy --backends hfr:pairs-off,hfr:pairs-on,pcie-floor,pair-floor \
+    | tee "$out/pairs_n8.txt"
+  ;;
 shm)
   # DeepSpeed 0.19.8 is an sdist on PyPI and the host has no network: carry wheels for Python 3.12, made on a
   # machine that has it with
@@ -165,7 +177,7 @@ shm)
   done
   ;;
 *)
-  echo "unknown stage $stage: check, bench, overlap, torch, ddp-trace, internode, dtypes, fsdp, small, mps, steps or shm" >&2
+  echo "unknown stage $stage: check, bench, overlap, torch, ddp-trace, internode, dtypes, fsdp, small, mps, steps, pairs or shm" >&2
   exit 2
   ;;
 esac

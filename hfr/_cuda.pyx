@@ -8,9 +8,13 @@ meets a CUDA array (bind), so hfr builds and imports without CUDA. A call's copi
 order() chooses, its caller's (a handle CuPy's and torch's streams give as .ptr: the driver's and the
 runtime's are one) or the device's own, queued without waiting (copy), each direction's followed by an event
 where the call needs to know that they ran (record, wait); the device's primary context (the one CuPy and
-torch use) is current from enter() to leave(), whatever context the calling thread had.
+torch use) is current from enter() to leave(), whatever context the calling thread had. A GPU pair's rank
+(hfr/_node_call.pyx) also pushes into its partner's buffers, opened by CUDA IPC handles (link), waits on
+the partner's interprocess events on the device (after_partner), and adds the pair's halves with a small
+kernel (pair_add; hfr/pairs.py compiles it).
 """
 from libc.stdint cimport uintptr_t
+from libc.string cimport memcmp, memcpy
 
 import ctypes
 
@@ -29,6 +33,22 @@ ctypedef int (*event_fn)(void* event) noexcept nogil
 ctypedef int (*error_text_fn)(int error, const char** text) noexcept nogil
 ctypedef int (*stream_create_fn)(uintptr_t* stream, unsigned int flags) noexcept nogil
 ctypedef int (*stream_wait_fn)(uintptr_t stream, void* event, unsigned int flags) noexcept nogil
+ctypedef int (*count_fn)(int* count) noexcept nogil
+ctypedef int (*uuid_fn)(unsigned char* uuid, int device) noexcept nogil
+ctypedef int (*peer_fn)(int* can, int device, int peer) noexcept nogil
+ctypedef int (*p2p_attribute_fn)(int* value, int attribute, int device, int peer) noexcept nogil
+ctypedef int (*alloc_fn)(uintptr_t* pointer, size_t nbytes) noexcept nogil
+ctypedef int (*free_fn)(uintptr_t pointer) noexcept nogil
+ctypedef int (*device_copy_fn)(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream) noexcept nogil
+ctypedef struct IpcHandle:
+    char reserved[IPC_HANDLE_BYTES]
+ctypedef int (*ipc_get_memory_fn)(IpcHandle* handle, uintptr_t pointer) noexcept nogil
+ctypedef int (*ipc_open_memory_fn)(uintptr_t* pointer, IpcHandle handle, unsigned int flags) noexcept nogil
+ctypedef int (*ipc_get_event_fn)(IpcHandle* handle, void* event) noexcept nogil
+ctypedef int (*ipc_open_event_fn)(void** event, IpcHandle handle) noexcept nogil
+ctypedef int (*launch_fn)(uintptr_t function, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                          unsigned int by, unsigned int bz, unsigned int shared_bytes, uintptr_t stream, void** params,
+                          void** extra) noexcept nogil
 
 cdef init_fn cu_init = NULL
 cdef device_get_fn cu_device_get
@@ -46,6 +66,18 @@ cdef error_text_fn cu_error_name, cu_error_string
 cdef stream_create_fn cu_stream_create
 cdef stream_wait_fn cu_stream_wait_event
 cdef synchronize_fn cu_stream_destroy
+cdef count_fn cu_device_count
+cdef uuid_fn cu_device_uuid
+cdef peer_fn cu_can_access_peer
+cdef p2p_attribute_fn cu_p2p_attribute
+cdef alloc_fn cu_alloc
+cdef free_fn cu_free, cu_ipc_close_memory
+cdef device_copy_fn cu_device_copy
+cdef ipc_get_memory_fn cu_ipc_get_memory
+cdef ipc_open_memory_fn cu_ipc_open_memory
+cdef ipc_get_event_fn cu_ipc_get_event
+cdef ipc_open_event_fn cu_ipc_open_event
+cdef launch_fn cu_launch
 _driver = None  # libcuda.so.1, once bound
 
 
@@ -55,6 +87,8 @@ def bind() -> None:
     global cu_push_current, cu_to_host, cu_to_device, cu_synchronize, cu_error_name, cu_error_string, _driver
     global cu_event_create, cu_event_record, cu_event_synchronize, cu_event_destroy
     global cu_stream_create, cu_stream_wait_event, cu_stream_destroy
+    global cu_device_count, cu_device_uuid, cu_can_access_peer, cu_p2p_attribute, cu_alloc, cu_free, cu_device_copy
+    global cu_ipc_get_memory, cu_ipc_open_memory, cu_ipc_close_memory, cu_ipc_get_event, cu_ipc_open_event, cu_launch
     if cu_init != NULL:
         return
     _driver = lib = ctypes.CDLL("libcuda.so.1")
@@ -74,6 +108,19 @@ def bind() -> None:
     cu_stream_create = <stream_create_fn>_address(lib, "cuStreamCreate")
     cu_stream_wait_event = <stream_wait_fn>_address(lib, "cuStreamWaitEvent")
     cu_stream_destroy = <synchronize_fn>_address(lib, "cuStreamDestroy_v2")
+    cu_device_count = <count_fn>_address(lib, "cuDeviceGetCount")
+    cu_device_uuid = <uuid_fn>_address(lib, "cuDeviceGetUuid_v2")
+    cu_can_access_peer = <peer_fn>_address(lib, "cuDeviceCanAccessPeer")
+    cu_p2p_attribute = <p2p_attribute_fn>_address(lib, "cuDeviceGetP2PAttribute")
+    cu_alloc = <alloc_fn>_address(lib, "cuMemAlloc_v2")
+    cu_free = <free_fn>_address(lib, "cuMemFree_v2")
+    cu_device_copy = <device_copy_fn>_address(lib, "cuMemcpyDtoDAsync_v2")
+    cu_ipc_get_memory = <ipc_get_memory_fn>_address(lib, "cuIpcGetMemHandle")
+    cu_ipc_open_memory = <ipc_open_memory_fn>_address(lib, "cuIpcOpenMemHandle_v2")
+    cu_ipc_close_memory = <free_fn>_address(lib, "cuIpcCloseMemHandle")
+    cu_ipc_get_event = <ipc_get_event_fn>_address(lib, "cuIpcGetEventHandle")
+    cu_ipc_open_event = <ipc_open_event_fn>_address(lib, "cuIpcOpenEventHandle")
+    cu_launch = <launch_fn>_address(lib, "cuLaunchKernel")
     cu_error_name = <error_text_fn>_address(lib, "cuGetErrorName")
     cu_error_string = <error_text_fn>_address(lib, "cuGetErrorString")
     cu_init = <init_fn>_address(lib, "cuInit")
@@ -180,6 +227,96 @@ cdef int drain(Cuda* cuda) noexcept nogil:
     return error or later
 
 
+# ---- GPU pairs (hfr/_node_call.pyx's terms): a rank's pushes into its partner's boxes, the add of the pair ----
+
+cdef enum:
+    EVENT_INTERPROCESS = 4  # CU_EVENT_INTERPROCESS
+    IPC_LAZY_ENABLE_PEER_ACCESS = 1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+    P2P_NATIVE_ATOMICS = 3  # CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: NVLink has them, PCIe does not
+    ADD_THREADS = 256  # a block of the add
+    ADD_BLOCKS = 1024  # at most, each thread striding over the rest
+
+
+cdef int _peer(Cuda* cuda, const unsigned char* uuid, bint any_peer, bint* linked) noexcept nogil:
+    """linked: the device of that uuid is ours, or one ours reaches as a peer (over NVLink, by its native
+    atomics, unless any_peer). Returns the CUresult."""
+    cdef unsigned char other[UUID_BYTES]
+    cdef int count = 0, device = -1, i, can = 0, atomics = 0
+    cdef int error = cu_device_uuid(other, cuda.device)
+    linked[0] = False
+    if error or memcmp(other, uuid, UUID_BYTES) == 0:
+        linked[0] = not error
+        return error
+    error = cu_device_count(&count)
+    i = 0
+    while not error and i < count and device < 0:
+        error = cu_device_get(&device, i)
+        if not error:
+            error = cu_device_uuid(other, device)
+        if not error and memcmp(other, uuid, UUID_BYTES) != 0:
+            device = -1
+        i += 1
+    if error or device < 0:
+        return error
+    error = cu_can_access_peer(&can, cuda.device, device)
+    if not error and can and not any_peer:
+        error = cu_p2p_attribute(&atomics, P2P_NATIVE_ATOMICS, cuda.device, device)
+        can = atomics
+    linked[0] = not error and can
+    return error
+
+
+cdef int link(Cuda* cuda, const PairRecord* partner, bint any_peer) noexcept nogil:
+    """The pair's link, once the partner's record is published (the context entered): NO_LINK where its device
+    is not ours nor a peer of ours (_peer), else its boxes and events opened (LINKED). Returns the CUresult."""
+    cdef Pair* pair = &cuda.pair
+    cdef bint linked
+    cdef IpcHandle handle
+    cdef int error = _peer(cuda, partner.uuid, any_peer, &linked), i
+    if error or not linked:
+        pair.link = NO_LINK if not error else UNLINKED
+        return error
+    memcpy(handle.reserved, partner.boxes, IPC_HANDLE_BYTES)
+    error = cu_ipc_open_memory(&pair.partner_boxes, handle, IPC_LAZY_ENABLE_PEER_ACCESS)
+    i = 0
+    while not error and i < PAIR_EVENTS:
+        memcpy(handle.reserved, partner.events[i], IPC_HANDLE_BYTES)
+        error = cu_ipc_open_event(&pair.partner_events[i], handle)
+        i += 1
+    if not error:
+        pair.link = LINKED
+    return error
+
+
+cdef int push(Cuda* cuda, uintptr_t dst, const char* src, size_t nbytes, bint to_host) noexcept nogil:
+    """Queue a device-to-device copy (into the partner's boxes, or from our outbox) on the stream of that
+    direction. Returns the CUresult of queueing it."""
+    return cu_device_copy(dst, <uintptr_t>src, nbytes, cuda.to_host if to_host else cuda.to_device)
+
+
+cdef int record_pushed(Cuda* cuda, int event, bint to_host) noexcept nogil:
+    """Record our pair event `event` (the partner waits for it: after_partner) after what that stream queued."""
+    return cu_event_record(cuda.pair.events[event], cuda.to_host if to_host else cuda.to_device)
+
+
+cdef int after_partner(Cuda* cuda, int event, bint to_host) noexcept nogil:
+    """Order what that stream queues next after the work the partner's pair event `event` was last recorded
+    after (record_pushed, as its counter said)."""
+    return cu_stream_wait_event(cuda.to_host if to_host else cuda.to_device, cuda.pair.partner_events[event], 0)
+
+
+cdef int pair_add(Cuda* cuda, int kernel, uintptr_t acc, const char* other, size_t count, bint acc_first) noexcept nogil:
+    """Queue the pair's add on the to_host stream: acc[i] = acc[i] op other[i] for count elements (other's
+    first where not acc_first: the lower local rank's comes first), by kernel (kind * PAIR_OPS + op)."""
+    cdef unsigned long long n = count
+    cdef int first = acc_first
+    cdef void* params[4]
+    params[0], params[1], params[2], params[3] = &acc, &other, &n, &first
+    cdef unsigned int blocks = <unsigned int>min((count + ADD_THREADS - 1) // ADD_THREADS, <size_t>ADD_BLOCKS)
+    return cu_launch(cuda.pair.kernels[kernel], max(blocks, 1), 1, 1, ADD_THREADS, 1, 1, 0, cuda.to_host, params,
+                     NULL)
+
+
 cdef class Device:
     """One CUDA device (its ordinal, as CuPy and torch number them), its primary context retained until
     this object goes (the engine's CudaCopies holds it, with the page-locked staging, past close())."""
@@ -193,18 +330,63 @@ cdef class Device:
             error = cu_primary_retain(&self.cuda.context, device)
         if error:
             raise RuntimeError(f"CUDA device {ordinal}: {error_text(error)}")
-        self.device = device
+        self.cuda.device = device
+
+    def prepare_pair(self, size_t box_bytes, kernels, size_t record) -> None:
+        """Make this rank's side of a GPU pair: its inbox and outbox of box_bytes each, its interprocess
+        events, the add's kernels (CUfunction handles, by kind * PAIR_OPS + op), and write what the partner
+        opens them by into the PairRecord at address `record`. Once."""
+        cdef Pair* pair = &self.cuda.pair
+        cdef PairRecord* out = <PairRecord*>record
+        cdef IpcHandle handle
+        cdef int error, i
+        if len(kernels) != PAIR_KERNELS:
+            raise ValueError(f"a pair takes {PAIR_KERNELS} kernels, got {len(kernels)}")
+        if pair.boxes != 0:
+            raise RuntimeError("the pair is prepared already")
+        with nogil:
+            error = _push(&self.cuda)
+            if not error:
+                error = cu_alloc(&pair.boxes, 2 * box_bytes)
+            i = 0
+            while not error and i < PAIR_EVENTS:
+                error = cu_event_create(&pair.events[i], EVENT_DISABLE_TIMING | EVENT_INTERPROCESS)
+                if not error:
+                    error = cu_ipc_get_event(&handle, pair.events[i])
+                    memcpy(out.events[i], handle.reserved, IPC_HANDLE_BYTES)
+                i += 1
+            if not error:
+                error = cu_ipc_get_memory(&handle, pair.boxes)
+                memcpy(out.boxes, handle.reserved, IPC_HANDLE_BYTES)
+            if not error:
+                error = cu_device_uuid(out.uuid, self.cuda.device)
+            leave(&self.cuda)
+        if error:
+            raise RuntimeError(f"preparing the GPU pair's buffers and events: {error_text(error)}")
+        pair.box_bytes = box_bytes
+        for i in range(PAIR_KERNELS):
+            pair.kernels[i] = kernels[i]
 
     def __dealloc__(self):
         cdef int i
+        cdef Pair* pair = &self.cuda.pair
         if self.cuda.context == NULL:
             return
-        if not _push(&self.cuda):  # whatever enter() made, in the context it was made in
+        if not _push(&self.cuda):  # whatever enter() and prepare_pair made, in the context it was made in
             for i in range(CUDA_EVENTS):
                 if self.cuda.events[i] != NULL:
                     cu_event_destroy(self.cuda.events[i])
             for i in range(2):
                 if self.cuda.own[i] != 0:
                     cu_stream_destroy(self.cuda.own[i])
+            for i in range(PAIR_EVENTS):
+                if pair.events[i] != NULL:
+                    cu_event_destroy(pair.events[i])
+                if pair.partner_events[i] != NULL:
+                    cu_event_destroy(pair.partner_events[i])
+            if pair.partner_boxes != 0:
+                cu_ipc_close_memory(pair.partner_boxes)
+            if pair.boxes != 0:
+                cu_free(pair.boxes)
         leave(&self.cuda)
-        cu_primary_release(self.device)
+        cu_primary_release(self.cuda.device)

@@ -18,8 +18,13 @@ cpdef enum Protocol:
     DESCRIPTOR = 32  # two descriptor rows of DESCRIPTOR_WORDS, used by alternate calls
     DESCRIPTOR_WORDS = 8
     CLOSING = 48  # a Closing, or 0 (hfr/_node_call.pyx)
-    ROW_WORDS = 64  # a local rank's control row: 512 bytes, whole cache lines (hfr/shm.py lays them out)
+    PUSHED = 56  # a GPU pair's counters, read by the partner (hfr/_node_call.pyx)
+    RETURNED = 57
+    PAIR_READY = 58  # 0, PAIR_PUBLISHED once PAIR_RECORD holds this rank's PairRecord (hfr/_cuda.pxd), PAIR_LINKED
+    PAIR_RECORD = 64
+    ROW_WORDS = 128  # a local rank's control row: 1 KiB, whole cache lines (hfr/shm.py lays them out)
     DESCRIPTOR_FIELDS = 5  # collective, count, dtype, op, root
+    PAIRABLE = DESCRIPTOR_FIELDS  # a descriptor row's word after the fields: whether this rank can pair the call
     STAGES = 3
     CHUNK_ALIGN_BYTES = 4096  # chunks (and the engine's chunk) are multiples of this
     SLICE_ALIGN_BYTES = 64  # slices start on cache lines, so two ranks never write one line
@@ -34,6 +39,15 @@ cpdef enum Closing:  # a rank's CLOSING word, once set
     BROKEN = 2  # its communicator failed otherwise, or it closed so
 
 
+cpdef enum PairReady:  # a rank's PAIR_READY word
+    PAIR_PUBLISHED = 1  # its PairRecord is written
+    PAIR_LINKED = 2  # and it has opened its partner's
+
+
+cpdef enum Pairs:  # HFR_PAIRS (hfr/pairs.py)
+    PAIRS_AUTO, PAIRS_ON, PAIRS_OFF
+
+
 cpdef enum Collective:  # wire codes: append only
     ALLREDUCE = 0
     REDUCE = 1
@@ -46,7 +60,7 @@ cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the e
     # one a schedule on the rail that did not finish (the schedule says why)
     DONE, MISMATCH, NO_MEMORY, WAIT_CALL, WAIT_RESULT_SLOT, WAIT_ARRIVED, WAIT_PREVIOUS_RESULT, WAIT_REDUCED
     VOTE_STOPPED, RAIL_STOPPED, MISMATCH_SPENT, CUDA_FAILED  # CUDA_FAILED: a staged call's copy (cuda_failure)
-    WAIT_INPUT_SLOT
+    WAIT_INPUT_SLOT, WAIT_PARTNER
 
 
 cdef struct Node:  # the segment, as this rank sees it, and how this rank works on it
@@ -61,6 +75,11 @@ cdef struct Node:  # the segment, as this rank sees it, and how this rank works 
     Py_ssize_t late_column  # the counter column and target of the last wait that timed out (the engine names
     int64_t late_target  # the ranks it waited for)
     int gone_rank  # the local rank whose CLOSING word ended that wait before its timeout, or -1
+    int late_only  # the one local rank that wait was for (a GPU pair's partner), or -1: every rank
+    int partner  # this rank's GPU pair partner (local rank), or -1
+    Pairs pairs
+    Py_ssize_t pairs_from  # PAIRS_AUTO: the bytes from which a call is paired
+    char* halves  # per local rank, what its input slot holds in the call that runs (a Half of _node_call.pyx)
 
 
 cdef void describe(long long* fields, int collective, Py_ssize_t count, int dtype, int op, int root) noexcept nogil

@@ -59,6 +59,8 @@ that event: the rank publishes it as chunk c + STAGES begins (before that chunk'
 others' CONSUMED of chunk c), and at the call's end, which thus waits for every copy. A whole call reduces
 out's part into staging, a page-locked buffer of this rank's, and copies it out from there. A call that stops
 waits for the copies it queued before it returns, so that none touches x or out after.
+Ranks whose GPUs pair (hfr/pairs.py) add each chunk's halves on the device before half of it crosses PCIe:
+the GPU pairs section below says how.
 With one rank a node, a host array's allreduce of several chunks makes each chunk's result in out itself
 (in_out), where the rail works on it: two copies fewer a chunk, the same bits.
 Python builds the plain description below (and the rail's schedules, hfr/_internode.pyx, one per chunk)
@@ -66,8 +68,10 @@ and turns the outcome into the call's result or error (hfr/engine.py).
 """
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memset
 
-from hfr._cuda cimport CALL_EVENTS, Cuda, Device, drain, enter, leave, order, record, wait
+from hfr._cuda cimport (CALL_EVENTS, LINKED, PAIR_EVENTS, PAIR_OPS, UNLINKED, Cuda, Device, PairRecord, after_partner,
+                        drain, enter, leave, link, order, pair_add, push, record, record_pushed, wait)
 from hfr._cuda cimport copy as cuda_copy
 
 from hfr._internode cimport INTERRUPTED as RAIL_INTERRUPTED
@@ -75,6 +79,7 @@ from hfr._internode cimport VOTE_WORDS
 from hfr._internode cimport Call as RailCall
 from hfr._internode cimport Schedule, advance_fn, poll
 from hfr._kernels cimport CACHED, STORES_BY_SIZE, STREAMED, Kind, Stores, copy_nogil, kernel_kind, op_code, reduce_nogil
+from hfr._simd cimport BF16, F32, F64, FP16, I8, I32, I64, MAX, MIN, PROD, SUM, U8, U32, U64
 from hfr._spin cimport counters_reached, gone_row
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_now, raise_pending, signal_raised
 
@@ -88,9 +93,11 @@ cdef extern from *:
         __atomic_store_n(p, v, __ATOMIC_RELEASE);
     }
     static inline void hfr_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+    static inline long long hfr_load(long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     """
     void hfr_publish(long long* p, long long v) nogil
     void hfr_fence() nogil
+    long long hfr_load(long long* p) nogil
 
 cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
@@ -105,14 +112,25 @@ STEP_MARKS = ("begin", "retired", "copied in", "arrived", "reduced", "crossed", 
 
 
 cdef enum CudaStep:  # where a staged call's CUDA failure came (Plan.cuda_step)
-    CUDA_CONTEXT = 1, CUDA_ORDER, CUDA_COPY_IN, CUDA_COPY_OUT
+    CUDA_CONTEXT = 1, CUDA_ORDER, CUDA_COPY_IN, CUDA_COPY_OUT, CUDA_PAIR_LINK, CUDA_PAIR_IN, CUDA_PAIR_OUT
 
 cdef enum:
     IN_EVENTS = 0  # a staged call's events (hfr/_cuda.pyx): after chunk g's copy in, IN_EVENTS + g % STAGES;
     OUT_EVENTS = STAGES  # after its copy out, OUT_EVENTS + g % STAGES
+    # ... and a paired call's pair events, shared with the partner: after chunk g's push into its inbox,
+    IN_PUSHED = 0  # IN_PUSHED + g % STAGES; after its push into its outbox, OUT_PUSHED + g % STAGES
+    OUT_PUSHED = STAGES
 
-if 2 * STAGES > CALL_EVENTS:
-    raise ImportError(f"hfr/_cuda.pxd's CALL_EVENTS ({CALL_EVENTS}) must hold two events a stage ({STAGES} stages)")
+cdef enum Half:  # what a local rank's input slot holds in a call (Node.halves)
+    WHOLE  # all of each chunk (the rank is not paired in the call)
+    LOWER  # the pair's sum of the chunk's lower half [0, middle): the pair's lower local rank
+    UPPER  # of its upper half [middle, count): the pair's upper local rank
+
+if 2 * STAGES > CALL_EVENTS or 2 * STAGES > PAIR_EVENTS:
+    raise ImportError(f"hfr/_cuda.pxd's CALL_EVENTS ({CALL_EVENTS}) and PAIR_EVENTS ({PAIR_EVENTS}) must hold two "
+                      f"events a stage ({STAGES} stages)")
+if PAIRABLE >= DESCRIPTOR_WORDS or PAIR_RECORD * 8 + sizeof(PairRecord) > ROW_WORDS * 8:
+    raise ImportError("a control row has no room for the pair's words (hfr/_node_call.pxd)")
 if VOTE_WORDS != 1 + 2 * DESCRIPTOR_FIELDS:  # the verdict, then the descriptor and its negation (_check)
     raise ImportError(f"hfr/_internode.pxd's VOTE_WORDS ({VOTE_WORDS}) must be 1 + 2 x DESCRIPTOR_FIELDS "
                       f"({DESCRIPTOR_FIELDS})")
@@ -154,6 +172,9 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     Py_ssize_t mark_rows
     int cuda_error  # staged: the CUresult that stopped the call (CUDA_FAILED), and at which step
     CudaStep cuda_step
+    bint pairable  # staged: this rank can pair the call (_pairable), as its descriptor row says (PAIRABLE)
+    bint paired  # this rank and its partner pair the call (both pairable: _pair_up)
+    bint pairs_out  # paired, and the pair passes each other its half of the result (an allreduce)
 
 
 cdef inline void _mark(Plan* p, Py_ssize_t c, Mark step) noexcept nogil:
@@ -162,26 +183,33 @@ cdef inline void _mark(Plan* p, Py_ssize_t c, Mark step) noexcept nogil:
         p.marks[c * MARKS + step] = hfr_now()
 
 
-cdef int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
-    """WAITED once every local rank's counter in column has reached target; timed_out if the timeout
-    passes first, or before it where a rank that has not reached it has closed or broken (its CLOSING word
-    HEALTHY or BROKEN: gone_rank), INTERRUPTED if a signal handler raised meanwhile."""
+cdef int _wait_ranks(Node* node, int first, int count, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
+    """WAITED once the counters in column of local ranks [first, first + count) have reached target; timed_out
+    if the timeout passes first, or before it where a rank that has not reached it has closed or broken (its
+    CLOSING word HEALTHY or BROKEN: gone_rank), INTERRUPTED if a signal handler raised meanwhile."""
     cdef double deadline = hfr_now() + node.timeout
+    cdef long long* rows = node.control + first * node.row_words
     cdef int gone = -1
     if target <= 0:
         return WAITED
-    while not counters_reached(node.control, node.row_words, node.local_size, column, target,
+    while not counters_reached(rows, node.row_words, count, column, target,
                                min(HFR_SIGNAL_CHECK_S, deadline - hfr_now())):
         if hfr_now() < deadline:
             if signal_raised():
                 return INTERRUPTED
-            gone = -1 if column == CLOSING else gone_row(node.control, node.row_words, node.local_size, CLOSING,
-                                                         column, target)
+            gone = -1 if column == CLOSING else gone_row(rows, node.row_words, count, CLOSING, column, target)
             if gone < 0:
                 continue
+            gone += first
         node.late_column, node.late_target, node.gone_rank = column, target, gone
+        node.late_only = first if count == 1 and node.local_size > 1 else -1
         return timed_out
     return WAITED
+
+
+cdef inline int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
+    """_wait_ranks for every local rank."""
+    return _wait_ranks(node, 0, node.local_size, column, target, timed_out)
 
 
 cdef inline void _publish(Node* node, Py_ssize_t column, int64_t value) noexcept nogil:
@@ -219,19 +247,24 @@ cdef class NodeCall:
 
     def __cinit__(self, size_t control, Py_ssize_t row_words, int local_size, int local_rank, double timeout,
                   size_t stages, Py_ssize_t stage_bytes, Py_ssize_t slot_bytes, int size, int rank, int threads,
-                  Py_ssize_t cache_bytes, Py_ssize_t chunk):
+                  Py_ssize_t cache_bytes, Py_ssize_t chunk, Pairs pairs=PAIRS_OFF, Py_ssize_t pairs_from=0):
         self.node.control, self.node.row_words = <long long*>control, row_words
         self.node.local_size, self.node.local_rank, self.node.timeout = local_size, local_rank, timeout
         self.node.stages, self.node.stage_bytes, self.node.slot_bytes = <char*>stages, stage_bytes, slot_bytes
-        self.node.threads, self.node.gone_rank = threads, -1
+        self.node.threads, self.node.gone_rank, self.node.late_only = threads, -1, -1
+        self.node.partner = local_rank ^ 1 if (local_rank ^ 1) < local_size else -1
+        self.node.pairs, self.node.pairs_from = pairs, pairs_from
         self.size, self.rank = size, rank
         self.cache_bytes, self.chunk = cache_bytes, chunk
         self.node.inputs = <void**>malloc(local_size * sizeof(void*))
-        if self.node.inputs == NULL:
+        self.node.halves = <char*>malloc(local_size)
+        if self.node.inputs == NULL or self.node.halves == NULL:
             raise MemoryError()
+        memset(self.node.halves, WHOLE, local_size)
 
     def __dealloc__(self):
         free(self.node.inputs)
+        free(self.node.halves)
 
     def chunks(self, Py_ssize_t elements, Py_ssize_t itemsize, bint in_out=False) -> list:
         """How the next call, if it cuts `elements` of itemsize bytes, is cut, in elements, as its chunk loop
@@ -263,9 +296,10 @@ cdef class NodeCall:
 
     @property
     def late_wait(self) -> tuple:
-        """(counter column, target, gone) of the last wait that timed out (a WAIT_ outcome's): gone is the
-        local rank whose CLOSING word ended it before the timeout, or -1."""
-        return self.node.late_column, self.node.late_target, self.node.gone_rank
+        """(counter column, target, gone, only) of the last wait that timed out (a WAIT_ outcome's): gone is
+        the local rank whose CLOSING word ended it before the timeout, or -1; only the one local rank it
+        waited for (a GPU pair's partner), or -1: every rank."""
+        return self.node.late_column, self.node.late_target, self.node.gone_rank, self.node.late_only
 
     def wait_all(self, Py_ssize_t column, int64_t target) -> bool:
         """Wait, the GIL released, until every local rank's counter in column has reached target: True; False
@@ -342,6 +376,7 @@ cdef class NodeCall:
         p.itemsize, p.kind, p.code = itemsize, kind, code
         p.divisor = self.size if avg else 1
         p.cuda, p.staging, p.consumed, p.cuda_error = cuda, staging, 0, 0
+        p.pairable = p.paired = p.pairs_out = False
         p.marks, p.mark_rows = self.marks, self.mark_rows
         _stores(&p, self.node.local_size, self.cache_bytes)
         p.first_chunk, p.calls_done, p.column = self.chunks_done, self.calls_done, _descriptor_column(self.calls_done)
@@ -386,11 +421,22 @@ WAITED_FOR = {WAIT_CALL: "the node's ranks to make the call",
               WAIT_RESULT_SLOT: "the result slot to be copied out",
               WAIT_ARRIVED: "the node's ranks to copy their data in",
               WAIT_PREVIOUS_RESULT: "the previous result to be copied out",
-              WAIT_REDUCED: "the node's ranks to finish their slices"}
+              WAIT_REDUCED: "the node's ranks to finish their slices",
+              WAIT_PARTNER: "the GPU pair partner to pass its half"}
 
 _CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current (its events and streams, the first time)",
                CUDA_ORDER: "ordering the copies after the caller's stream", CUDA_COPY_IN: "copying x to the host",
-               CUDA_COPY_OUT: "copying the result to the device"}
+               CUDA_COPY_OUT: "copying the result to the device",
+               CUDA_PAIR_LINK: "opening the GPU pair partner's buffers and events (CUDA IPC)",
+               CUDA_PAIR_IN: "adding the GPU pair's halves (a push to the partner, the add, the copy to the host)",
+               CUDA_PAIR_OUT: "passing the result's half to the GPU pair partner"}
+
+# The pair's add kernels (hfr/pairs.py compiles them), by kind * PAIR_OPS + op as pair_add takes them
+_KIND_NAMES = {F32: "f32", F64: "f64", I8: "i8", U8: "u8", I32: "i32", U32: "u32", I64: "i64", U64: "u64",
+               BF16: "bf16", FP16: "fp16"}
+_OP_NAMES = {SUM: "sum", MAX: "max", MIN: "min", PROD: "prod"}
+PAIR_KERNEL_NAMES = tuple(f"hfr_pair_{_KIND_NAMES[k]}_{_OP_NAMES[o]}" for k in range(len(_KIND_NAMES))
+                          for o in range(PAIR_OPS))
 
 
 cpdef Py_ssize_t cut_count(int collective, Py_ssize_t x_count, Py_ssize_t out_count) noexcept nogil:
@@ -488,12 +534,14 @@ cdef inline Py_ssize_t _descriptor_column(int64_t calls_done) noexcept nogil:
     return DESCRIPTOR + DESCRIPTOR_WORDS * (calls_done % 2)
 
 
-cdef void _announce(Node* node, Py_ssize_t column, long long* fields, int64_t calls_done) noexcept nogil:
-    """Our descriptor into our control row at column, then ANNOUNCED for the call after calls_done."""
+cdef void _announce(Node* node, Py_ssize_t column, long long* fields, bint pairable, int64_t calls_done) noexcept nogil:
+    """Our descriptor, and whether we can pair the call, into our control row at column, then ANNOUNCED for
+    the call after calls_done."""
     cdef long long* row = node.control + node.local_rank * node.row_words
     cdef Py_ssize_t i
     for i in range(DESCRIPTOR_FIELDS):
         row[column + i] = fields[i]
+    row[column + PAIRABLE] = pairable
     _publish(node, ANNOUNCED, calls_done + 1)
 
 
@@ -550,6 +598,8 @@ cdef int _copy_in(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
     if waited != WAITED:
         return waited
     dst = stage + node.local_rank * node.slot_bytes
+    if p.paired:
+        return _pair_in(node, p, g, dst, first, count)
     if p.whole or p.cuda != NULL:  # all of the chunk (a whole call's: all of x)
         waited = _into_segment(node, p, dst, p.x + first, count)
     else:  # our own slice is read from x
@@ -638,15 +688,29 @@ cdef int _arrive(Node* node, Plan* p, int64_t g) noexcept nogil:
 
 
 cdef int _reduce_slice(Node* node, Plan* p, char* dst, char* own, char* slots, Py_ssize_t lo, Py_ssize_t hi,
-                       Stores stores) noexcept nogil:
-    """dst = bytes [lo, hi) of the chunk's inputs reduced in slot order (ours read from own); NO_MEMORY or 0."""
-    cdef int j
-    for j in range(node.local_size):
-        node.inputs[j] = (own if j == node.local_rank else slots + j * node.slot_bytes) + lo
-    if reduce_nogil(p.kind, p.itemsize, dst, node.inputs, node.local_size, (hi - lo) // p.itemsize, p.code,
-                    node.threads, p.divisor, stores):
+                       Py_ssize_t middle, Stores stores) noexcept nogil:
+    """dst = bytes [lo, hi) of the chunk's inputs reduced in slot order (ours read from own): below the chunk's
+    middle from every slot but a pair's UPPER one, from it on from every slot but a pair's LOWER one
+    (Node.halves); NO_MEMORY or 0."""
+    cdef Py_ssize_t cut = min(max(middle, lo), hi)
+    if lo < cut and _reduce_part(node, p, dst, own, slots, lo, cut, UPPER, stores):
+        return NO_MEMORY
+    if cut < hi and _reduce_part(node, p, dst + cut - lo, own, slots, cut, hi, LOWER, stores):
         return NO_MEMORY
     return 0
+
+
+cdef int _reduce_part(Node* node, Plan* p, char* dst, char* own, char* slots, Py_ssize_t lo, Py_ssize_t hi,
+                      Half apart, Stores stores) noexcept nogil:
+    """dst = bytes [lo, hi) of the inputs of every local rank whose slot does not hold only `apart`, in slot
+    order; nonzero: no memory."""
+    cdef int j, k = 0
+    for j in range(node.local_size):
+        if node.halves[j] != apart:
+            node.inputs[k] = (own if j == node.local_rank else slots + j * node.slot_bytes) + lo
+            k += 1
+    return reduce_nogil(p.kind, p.itemsize, dst, node.inputs, k, (hi - lo) // p.itemsize, p.code, node.threads,
+                        p.divisor, stores)
 
 
 cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
@@ -664,6 +728,7 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
         return waited
     p.counted = True
     hfr_fence()
+    _pair_up(node, p)
     for j in range(node.local_size):
         other = node.control + j * node.row_words + p.column
         for i in range(DESCRIPTOR_FIELDS):
@@ -682,7 +747,8 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
             return waited
         p.arrived = True
         _bounds(node, p, 0, &first, &count, &lo, &hi)
-        if hi > lo and _reduce_slice(node, p, vote.call.buf, _own(node, p, g, first), _stage(node, g), lo, hi, CACHED):
+        if hi > lo and _reduce_slice(node, p, vote.call.buf, _own(node, p, g, first), _stage(node, g), lo, hi, hi,
+                                      CACHED):
             return NO_MEMORY
     waited = _run_rail(node, vote, VOTE_STOPPED)
     if waited != WAITED:
@@ -703,6 +769,146 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
     return MISMATCH_SPENT
 
 
+# ---- GPU pairs ----------------------------------------------------------------------------------------
+# Local ranks 2i and 2i + 1 of a node are partners (hfr/pairs.py says when a pair forms). Each has a device
+# buffer of two boxes, inbox and outbox, of STAGES parts each (part g % STAGES for chunk g), which the partner
+# opened by CUDA IPC (hfr/_cuda.pyx), and two counters the partner reads: PUSHED and RETURNED (g + 1 once its
+# push of chunk g into our inbox, or outbox, is queued, with its pair event after it). A call that both
+# partners can pair (_pairable: a staged call of a reducing collective, neither whole nor folded; PAIRABLE in
+# the descriptor row) is *paired* (_pair_up, after the call check, on every rank of the node alike). Each
+# chunk then has a *middle* (_middle): the lower rank owns the bytes below it, the upper rank those from it.
+#   copy in     push the partner's half of x's chunk into its inbox; once its push of our half is queued
+#               (PUSHED) and has run (its pair event), add it to ours in our inbox on the device, lower rank's
+#               first (one kernel), and copy that sum into our input slot: half the bytes cross PCIe
+#   reduce      every slot holding a half is one input of that half (Half, _reduce_slice): L / 2 inputs
+#   copy out    of an allreduce: our half of the result into out, then from out into the partner's outbox;
+#               once its push is queued (RETURNED) and has run, its half from our outbox into out. Other
+#               collectives copy out as unpaired ranks do.
+# The boxes' parts are reused as the slots are: a partner pushes chunk g only once every rank has REDUCED
+# chunk g - STAGES (copy in) or has reduced chunk g (copy out), by which time we have read the part.
+
+cdef inline uintptr_t _box(uintptr_t boxes, size_t box_bytes, bint outbox, int64_t g) noexcept nogil:
+    """Chunk g's part of the inbox (or outbox) of the boxes at boxes."""
+    return boxes + (box_bytes if outbox else 0) + (g % STAGES) * (box_bytes // STAGES)
+
+
+cdef inline Py_ssize_t _middle(Plan* p, Py_ssize_t count) noexcept nogil:
+    """A paired chunk of count bytes' middle: its first byte of the upper rank's half, on a cache line."""
+    return _edge(count // p.itemsize, 2, 1, max(SLICE_ALIGN_BYTES // p.itemsize, 1)) * p.itemsize
+
+
+cdef inline void _half(Plan* p, Py_ssize_t count, bint upper, Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
+    """The bytes [lo, hi) of a paired chunk of count bytes that the pair's lower (or upper) rank owns."""
+    lo[0], hi[0] = 0, _middle(p, count)
+    if upper:
+        lo[0], hi[0] = hi[0], count
+
+
+cdef int _pairable(Node* node, Plan* p) noexcept nogil:
+    """Whether this rank can pair the staged call (p.pairable), the context entered: a reducing collective,
+    neither whole nor folded, of at least pairs_from bytes (PAIRS_AUTO), with a partner that published its
+    record and whose device links to ours (linked here the first time: then PAIR_LINKED). The CUresult."""
+    cdef Cuda* cuda = p.cuda
+    cdef long long* partner
+    cdef int error = 0
+    if (node.pairs == PAIRS_OFF or node.partner < 0 or cuda.pair.kernels[0] == 0 or not reduces(p.collective)
+            or p.whole or p.folded or p.total == 0 or node.pairs == PAIRS_AUTO and p.total < node.pairs_from):
+        return 0
+    if cuda.pair.link == UNLINKED:
+        partner = node.control + node.partner * node.row_words
+        if hfr_load(partner + PAIR_READY) == 0:  # its record's stores are seen after it
+            return 0
+        error = link(cuda, <PairRecord*>(partner + PAIR_RECORD), node.pairs == PAIRS_ON)
+        if not error and cuda.pair.link == LINKED:
+            _publish(node, PAIR_READY, PAIR_LINKED)
+    p.pairable = not error and cuda.pair.link == LINKED
+    return error
+
+
+cdef void _pair_up(Node* node, Plan* p) noexcept nogil:
+    """After the call check: each pair whose two ranks can pair the call is paired (LOWER, UPPER in
+    Node.halves), every other rank WHOLE; whether we are, and pass the result's halves (p.pairs_out)."""
+    cdef long long* rows = node.control + p.column + PAIRABLE
+    cdef int j
+    memset(node.halves, WHOLE, node.local_size)
+    for j in range(0, node.local_size - 1, 2):
+        if rows[j * node.row_words] and rows[(j + 1) * node.row_words]:
+            node.halves[j], node.halves[j + 1] = LOWER, UPPER
+    p.paired = node.halves[node.local_rank] != WHOLE
+    p.pairs_out = p.paired and p.collective == ALLREDUCE
+
+
+cdef int _hand_over(Node* node, Plan* p, int64_t g, Py_ssize_t column, int event, bint to_host,
+                    CudaStep step) noexcept nogil:
+    """After our push of chunk g into the partner's box (on the to_host stream, or to_device): our pair event
+    after it and our counter in column at g + 1; then, once the partner's counter is (its push into ours
+    queued), what that stream queues next ordered after the partner's pair event. WAITED or what stopped it."""
+    cdef int error = record_pushed(p.cuda, event, to_host)
+    cdef int waited
+    if error:
+        return _cuda_failed(p, error, step)
+    _publish(node, column, g + 1)
+    waited = _wait_ranks(node, node.partner, 1, column, g + 1, WAIT_PARTNER)
+    if waited != WAITED:
+        return waited
+    error = after_partner(p.cuda, event, to_host)
+    return _cuda_failed(p, error, step) if error else WAITED
+
+
+cdef int _pair_in(Node* node, Plan* p, int64_t g, char* slot, Py_ssize_t first, Py_ssize_t count) noexcept nogil:
+    """Copy in, chunk g, paired (above): WAITED or what stopped it."""
+    cdef Cuda* cuda = p.cuda
+    cdef Py_ssize_t lo, hi
+    cdef bint lower = node.local_rank < node.partner
+    cdef uintptr_t inbox = _box(cuda.pair.boxes, cuda.pair.box_bytes, False, g)
+    cdef int error = 0, waited
+    _half(p, count, lower, &lo, &hi)  # the partner's
+    if hi > lo:
+        error = push(cuda, _box(cuda.pair.partner_boxes, cuda.pair.box_bytes, False, g), p.x + first + lo, hi - lo,
+                     True)
+    if error:
+        return _cuda_failed(p, error, CUDA_PAIR_IN)
+    waited = _hand_over(node, p, g, PUSHED, IN_PUSHED + g % STAGES, True, CUDA_PAIR_IN)
+    if waited != WAITED:
+        return waited
+    _half(p, count, not lower, &lo, &hi)  # ours
+    if hi > lo:
+        error = pair_add(cuda, p.kind * PAIR_OPS + p.code, inbox, p.x + first + lo, (hi - lo) // p.itemsize,
+                         not lower)
+    if not error and hi > lo:
+        error = cuda_copy(cuda, slot + lo, <char*>inbox, hi - lo, True)
+    if not error:
+        error = record(cuda, IN_EVENTS + g % STAGES, True)
+    return _cuda_failed(p, error, CUDA_PAIR_IN) if error else WAITED
+
+
+cdef int _pair_out(Node* node, Plan* p, int64_t g, char* result, Py_ssize_t first, Py_ssize_t count) noexcept nogil:
+    """Copy out, chunk g (its result at result), of a paired allreduce (above), with the event after it
+    (_retire publishes CONSUMED once it ran): WAITED or what stopped it."""
+    cdef Cuda* cuda = p.cuda
+    cdef Py_ssize_t lo, hi
+    cdef bint lower = node.local_rank < node.partner
+    cdef char* out = p.out + first
+    cdef int error = 0, waited
+    _half(p, count, not lower, &lo, &hi)  # ours
+    if hi > lo:
+        error = cuda_copy(cuda, out + lo, result + lo, hi - lo, False)
+    if not error and hi > lo:
+        error = push(cuda, _box(cuda.pair.partner_boxes, cuda.pair.box_bytes, True, g), out + lo, hi - lo, False)
+    if error:
+        return _cuda_failed(p, error, CUDA_PAIR_OUT)
+    waited = _hand_over(node, p, g, RETURNED, OUT_PUSHED + g % STAGES, False, CUDA_PAIR_OUT)
+    if waited != WAITED:
+        return waited
+    _half(p, count, lower, &lo, &hi)  # the partner's
+    if hi > lo:
+        error = push(cuda, <uintptr_t>(out + lo), <char*>_box(cuda.pair.boxes, cuda.pair.box_bytes, True, g), hi - lo,
+                     False)
+    if not error:
+        error = record(cuda, OUT_EVENTS + g % STAGES, False)
+    return _cuda_failed(p, error, CUDA_PAIR_OUT) if error else WAITED
+
+
 cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
     """_run of a staged call, the device's context current throughout, ended once every copy it queued ran:
     at the end, CONSUMED once the last copies out ran; where it stopped, whatever the copies' fate."""
@@ -712,7 +918,11 @@ cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
         outcome = _cuda_failed(p, error, CUDA_CONTEXT)
     else:
         error = order(p.cuda, p.nchunks > 1)
-        outcome = _cuda_failed(p, error, CUDA_ORDER) if error else _run(node, p, vote)
+        if error:
+            outcome = _cuda_failed(p, error, CUDA_ORDER)
+        else:
+            error = _pairable(node, p)
+            outcome = _cuda_failed(p, error, CUDA_PAIR_LINK) if error else _run(node, p, vote)
     if outcome == DONE and _retire(node, p, p.first_chunk + p.nchunks) != WAITED:
         outcome = CUDA_FAILED
     if outcome != DONE and not error:
@@ -744,7 +954,8 @@ cdef int _reduce_node(Node* node, Plan* p, Py_ssize_t c, Rail* vote) noexcept no
     own = _own(node, p, g, first)
     if p.in_out and own == result and p.divisor == 1:  # one rank a node, in place: x is its node's sum
         return WAITED
-    if _reduce_slice(node, p, result + lo, own, _stage(node, g), lo, hi, p.out_stores if p.in_out else p.slot_stores):
+    if _reduce_slice(node, p, result + lo, own, _stage(node, g), lo, hi, _middle(p, count),
+                     p.out_stores if p.in_out else p.slot_stores):
         return NO_MEMORY
     _mark(p, c, MARK_REDUCED)
     return WAITED
@@ -775,7 +986,7 @@ cdef int _copy_out(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
         a = b
     if p.whole:
         made = (p.staging if p.cuda != NULL else p.out) + a - p.out_at  # out's part, made here
-        if a < b and _reduce_slice(node, p, made, slots + node.local_rank * node.slot_bytes, slots, a, b,
+        if a < b and _reduce_slice(node, p, made, slots + node.local_rank * node.slot_bytes, slots, a, b, b,
                                    p.out_stores):
             return NO_MEMORY
         _publish(node, REDUCED, g + 1)
@@ -786,6 +997,8 @@ cdef int _copy_out(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
         return waited
     hfr_fence()
     _mark(p, c, MARK_ALL_REDUCED)
+    if p.pairs_out:
+        return _pair_out(node, p, g, _result(node, p.out, p.in_out, g, first), first, count)
     return _to_out(node, p, g, _result(node, p.out, p.in_out, g, first) + a - first, a, b)
 
 
@@ -796,16 +1009,24 @@ cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
     cdef int waited
     cdef bint ahead = p.deposits and not p.into_result  # copies in run up to STAGES chunks ahead
 
-    _announce(node, p.column, p.fields, p.calls_done)
-    while ahead and p.at < min(STAGES, p.nchunks):
-        waited = _copy_in(node, p, p.at)
+    cdef Py_ssize_t queued = 0  # chunks copied in ahead
+    _announce(node, p.column, p.fields, p.pairable, p.calls_done)
+    while ahead and not p.pairable and queued < min(STAGES, p.nchunks):  # a paired call's only after the check
+        p.at = queued
+        waited = _copy_in(node, p, queued)
         if waited != WAITED:
             return waited
-        p.at += 1
+        queued += 1
     p.at = 0
     waited = _check(node, p, vote)
     if waited != WAITED:
         return waited
+    while ahead and queued < min(STAGES, p.nchunks):
+        p.at = queued
+        waited = _copy_in(node, p, queued)
+        if waited != WAITED:
+            return waited
+        queued += 1
     for c in range(p.nchunks):
         p.at = c
         _mark(p, c, MARK_BEGIN)

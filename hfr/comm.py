@@ -30,6 +30,9 @@ class Communicator:
         same on every rank.
     timeout: seconds any rank waits for a peer before hfr.HFRTimeoutError (default: HFR_TIMEOUT,
         else 300); making the Communicator waits as long for every rank of comm to come.
+    pairs: "auto", "on" or "off": whether local ranks 2i and 2i + 1 pair their GPUs, reducing a CUDA
+        array's halves over their device link before half the bytes cross PCIe (default: HFR_PAIRS, else
+        auto; hfr/pairs.py says when a pair forms); the same on every rank. `pairs` says which formed.
 
     Every rank checks its settings, then the ranks compare them, waiting at most the timeout, before
     any blocking MPI call: a bad or differing setting raises on every rank, a rank that never comes
@@ -37,7 +40,8 @@ class Communicator:
     """
 
     def __init__(self, comm: Optional[MPI.Comm] = None, *, local_size: Optional[int] = None,
-                 chunk_bytes: Optional[Union[int, str]] = None, timeout: Optional[float] = None):
+                 chunk_bytes: Optional[Union[int, str]] = None, timeout: Optional[float] = None,
+                 pairs: Optional[str] = None):
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"comm must be an mpi4py intra-communicator, got {comm!r}")
@@ -47,19 +51,20 @@ class Communicator:
             wait, problem = settings.DEFAULT_TIMEOUT, error  # still tell the others, within the default
         else:
             problem = None
-        chunk = algo = wanted = None
+        chunk = algo = wanted = pairing = None
         if problem is None:
             try:
                 if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
                     raise HFRError("hfr needs MPI initialised with MPI_THREAD_MULTIPLE (mpi4py's default): "
                                    "its progress thread calls MPI beside yours")
-                chunk, algo = settings.chunk_bytes(chunk_bytes), settings.algo()
+                chunk, algo, pairing = settings.chunk_bytes(chunk_bytes), settings.algo(), settings.pairs(pairs)
                 wanted = topology.requested_local_size(local_size)
                 settings.num_threads()
                 settings.cache_bytes()
             except (ValueError, TypeError, HFRError) as error:
                 problem = error
-        _agree_on_settings(comm, problem, {"chunk_bytes": chunk, "HFR_ALGO": algo, "local_size": wanted}, wait)
+        _agree_on_settings(comm, problem, {"chunk_bytes": chunk, "HFR_ALGO": algo, "local_size": wanted,
+                                           "pairs": pairing}, wait)
         self._device: Optional[int] = None  # the CUDA device of the first CUDA array; every later one's
         self._engine: Optional[Engine] = None
         self._front = None  # the engine's, for the blocking allreduce
@@ -75,7 +80,7 @@ class Communicator:
             if self._layout.size > 1:
                 self._engine = Engine(self._comm, self._layout, node_comm, rail_comm, chunk_bytes=chunk, timeout=wait,
                                       threads=settings.threads(self._layout.host_size), algo=algo,
-                                      cache_bytes=settings.cache_bytes())
+                                      pairs=pairing, cache_bytes=settings.cache_bytes())
                 self._front = self._engine.front
             else:
                 node_comm.Free()
@@ -90,6 +95,12 @@ class Communicator:
     local_size = property(lambda self: self._layout.local_size, doc="Ranks per node.")
     node = property(lambda self: self._layout.node, doc="This rank's node.")
     nnodes = property(lambda self: self._layout.nnodes, doc="Nodes in comm.")
+
+    @property
+    def pairs(self) -> list[tuple[int, int]]:
+        """The GPU pairs of this rank's node formed so far (their ranks in comm): a pair forms at the first
+        CUDA call that both its ranks can pair (hfr/pairs.py)."""
+        return [] if self._engine is None else self._engine.pairs()
 
     @property
     def closed(self) -> bool:

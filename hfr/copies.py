@@ -38,3 +38,4 @@ class CudaCopies:
         with cupy.cuda.Device(device):
             self.staging = cupyx.empty_pinned(staging_bytes, np.uint8)
         self.staging_address = self.staging.ctypes.data
+        self.pair_kernels = None  # the GPU pair's add (hfr/pairs.py), once the engine prepared the pair

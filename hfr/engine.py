@@ -20,15 +20,16 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _node_call, _wait, internode, topology
+from . import _node_call, _wait, internode, pairs, topology
 from ._front import Front, rail_shape_key
-from ._node_call import Closing, Collective, Protocol, cache_chunk_bytes
+from ._node_call import Closing, Collective, PairReady, Pairs, Protocol, cache_chunk_bytes
 from .arrays import Array, inspect
 from .copies import CudaCopies, caller_ready
 from .errors import HFRError, HFRTimeoutError, MismatchError
@@ -47,11 +48,13 @@ WHOLE_UP_TO_BYTES = int(Protocol.WHOLE_UP_TO_BYTES)
 COLLECTIVES = tuple(c.name.lower() for c in Collective)  # in wire code order
 HEALTHY, BROKEN, TIMED_OUT = (int(c) for c in (Closing.HEALTHY, Closing.BROKEN, Closing.TIMED_OUT))  # CLOSING's
 REFUSED = int(Protocol.REFUSED)
+PAIR_READY, PAIR_RECORD = int(Protocol.PAIR_READY), int(Protocol.PAIR_RECORD)
 ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits up to this long for its peers' word on who never came
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _REDUCING = tuple(name for name, code in _COLLECTIVE_CODES.items() if _node_call.reduces(code))
 _REWOUND = ("doubling", "halving")  # calls of one chunk in C by these keep their schedules per call shape
 _RAIL_SHAPES_KEPT = 64  # ... for this many call shapes
+_PAIRS_FROM_BYTES = pairs.PAIRS_FROM_BYTES
 _FOLDED_UP_TO_BYTES = internode.VOTE_ROOM_BYTES  # folded calls (the terms above): at most the vote record's room
 
 
@@ -92,10 +95,12 @@ class Engine:
     """Owns the segment and the progress thread; runs the calls submitted to it, in order."""
 
     def __init__(self, comm: MPI.Comm, layout: Layout, node_comm: MPI.Comm, rail_comm: MPI.Comm,
-                 *, chunk_bytes: int, timeout: float, threads: int, algo: str, cache_bytes: Optional[int] = None):
+                 *, chunk_bytes: int, timeout: float, threads: int, algo: str, pairs: str = "off",
+                 cache_bytes: Optional[int] = None):
         self.layout = layout
         self.comm, self.node_comm, self.rail_comm = comm, node_comm, rail_comm
         self.chunk_bytes, self.timeout, self.threads, self.algo = chunk_bytes, timeout, threads, algo
+        self.pairing = pairs  # HFR_PAIRS (hfr/pairs.py)
         self.segment = Segment(node_comm, chunk_bytes, STAGES)
         # The node's share of its host's last-level cache (HFR_CACHE_BYTES, else sysfs's), the same on
         # every rank of the node: a host array's call on one node is cut into chunks whose stages in
@@ -108,7 +113,8 @@ class Engine:
         self._node_call = _node_call.NodeCall(
             self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
             self.segment.stages_address, self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
-            layout.rank, threads, self.cache_bytes, self.chunk)
+            layout.rank, threads, self.cache_bytes, self.chunk, getattr(Pairs, f"PAIRS_{pairs.upper()}"),
+            _PAIRS_FROM_BYTES)
         # Calls in C across nodes poll the call check's vote and their slice's allreduce over the rail,
         # or the vote alone carrying the slice (folded, _FOLDED_UP_TO_BYTES): made once (the bare vote)
         # or once per call shape (sharing one scratch, or the vote's record: calls run one at a time),
@@ -412,7 +418,7 @@ class Engine:
             c, where = self._node_call.failed_chunk, call.collective
             if outcome != Outcome.WAIT_CALL:
                 where += f" chunk {c + 1}/{self._node_call.call_chunks}"
-            column, target, gone = self._node_call.late_wait
+            column, target, gone, only = self._node_call.late_wait
             what = f"{where}: {_node_call.WAITED_FOR[outcome]}"
             if gone >= 0:  # a rank the wait needed has failed, or closed: it never comes (the rail hears of it)
                 self.segment.sync()
@@ -420,7 +426,7 @@ class Engine:
                 rank = self.layout.node_ranks[gone]
                 internode.report_absent(self.rail_comm, [rank], self._report_room)
                 raise HFRError(f"{what}: rank {rank} of this node {how} before it came")
-            raise self._timed_out(what, self._laggards(column, target))
+            raise self._timed_out(what, self._laggards(column, target, only))
         if outcome == Outcome.MISMATCH_SPENT:  # every rank of the node ended chunk g with no result
             outcome = Outcome.MISMATCH
         if outcome == Outcome.VOTE_STOPPED:
@@ -448,8 +454,36 @@ class Engine:
         if self._cuda is None:
             self.segment.register_for_cuda(x.device)
             self._cuda = CudaCopies(x.device, WHOLE_UP_TO_BYTES)
+            self._prepare_pair(self._cuda)
             self.front.take_cuda(self._cuda)
         return self._cuda
+
+    def _prepare_pair(self, copies: CudaCopies) -> None:
+        """This rank's side of its GPU pair (hfr/pairs.py), published in its control row (PAIR_READY) for its
+        partner, where pairs are wanted and it has one. A box part holds half a chunk, from a cache line."""
+        layout = self.layout
+        if self.pairing == "off" or layout.local_rank ^ 1 >= layout.local_size:
+            return
+        part = -(-(self.chunk // 2 + int(Protocol.SLICE_ALIGN_BYTES)) // 4096) * 4096
+        record = self.segment.control[layout.local_rank, PAIR_RECORD:].ctypes.data
+        try:
+            copies.pair_kernels = pairs.prepare(copies.driver, copies.device, STAGES * part, record)
+        except Exception as error:
+            if self.pairing == "on":
+                raise HFRError(f"rank {layout.rank}: HFR_PAIRS=on, but its GPU pair could not be prepared: {error}") \
+                    from error
+            warnings.warn(f"hfr: rank {layout.rank} does not pair its GPU: {type(error).__name__}: {error}")
+            return
+        self._publish(PAIR_READY, int(PairReady.PAIR_PUBLISHED))
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """The GPU pairs of this node that formed (both ranks linked: PAIR_LINKED), as ranks in comm."""
+        if self.segment.control is None:
+            return []
+        self.segment.sync()
+        ready, ranks, linked = self.segment.control[:, PAIR_READY], self.layout.node_ranks, int(PairReady.PAIR_LINKED)
+        return [(ranks[j], ranks[j + 1]) for j in range(0, len(ranks) - 1, 2)
+                if ready[j] == linked and ready[j + 1] == linked]
 
     def _algo_for(self, call: Call) -> str:
         """HFR_ALGO, or by the call's size (internode.choose_algo)."""
@@ -470,10 +504,12 @@ class Engine:
     def _publish(self, column: int, value: int) -> None:
         self._node_call.publish(column, value)  # our data stores become visible before the counter
 
-    def _laggards(self, column: int, target: int) -> list[int]:
-        """The ranks (in comm) of this node whose counter in column is still below target."""
+    def _laggards(self, column: int, target: int, only: int = -1) -> list[int]:
+        """The ranks (in comm) of this node whose counter in column is still below target (of local rank only,
+        where it is not -1)."""
         self.segment.sync()
-        return [self.layout.node_ranks[j] for j in np.flatnonzero(self.segment.control[:, column] < target)]
+        late = np.flatnonzero(self.segment.control[:, column] < target)
+        return [self.layout.node_ranks[j] for j in late if only < 0 or j == only]
 
     def _timed_out(self, what: str, laggards: Optional[list[int]], rail_peers: list[int] = ()) -> HFRTimeoutError:
         """The timeout of a wait for laggards (ranks of this node), or for rail_peers (rail ranks: their

@@ -6,8 +6,10 @@ import re
 from typing import Optional, Union
 
 from ._node_call import Protocol
+from .pairs import MODES as PAIRS_MODES
 
-__all__ = ["chunk_bytes", "timeout", "num_threads", "threads", "algo", "cache_bytes", "DEFAULT_CHUNK_BYTES", "DEFAULT_TIMEOUT"]
+__all__ = ["chunk_bytes", "timeout", "num_threads", "threads", "algo", "pairs", "cache_bytes", "DEFAULT_CHUNK_BYTES",
+           "DEFAULT_TIMEOUT"]
 
 DEFAULT_CHUNK_BYTES = 8 << 20  # measured: 186 MiB on CuPy, n=4, 23.7 ms vs 33.8 with 4 MiB (bench/RESULTS.md)
 DEFAULT_TIMEOUT = 300.0  # seconds a rank waits for a peer before HFRTimeoutError
@@ -74,6 +76,16 @@ def algo() -> str:
     if name not in ALGOS:
         raise ValueError(f"HFR_ALGO={name!r}: expected one of {list(ALGOS)}")
     return name
+
+
+def pairs(value: Optional[str]) -> str:
+    """Whether ranks pair their GPUs (hfr/pairs.py): the argument, else HFR_PAIRS, else auto."""
+    source = "pairs"
+    if value is None:
+        value, source = os.environ.get("HFR_PAIRS", "").strip() or "auto", "HFR_PAIRS"
+    if not isinstance(value, str) or value.strip().lower() not in PAIRS_MODES:
+        raise ValueError(f"{source}={value!r}: expected one of {list(PAIRS_MODES)}")
+    return value.strip().lower()
 
 
 def cache_bytes() -> Optional[int]:

@@ -22,6 +22,13 @@ def test_cupy_arrays(nprocs, local_size):
     assert "cupy ok" in run_mpi(nprocs, "cupy_worker.py", env=env, timeout=300).stdout
 
 
+@pytest.mark.parametrize("nprocs,local_size", [(2, None), (3, None), (4, 2)])
+def test_gpu_pairs(nprocs, local_size):
+    """Ranks sharing the GPU pair (HFR_PAIRS=on): tests/workers/pairs_worker.py's checks on the device."""
+    env = {"HFR_LOCAL_SIZE": str(local_size)} if local_size else {}
+    assert run_mpi(nprocs, "pairs_worker.py", "none", env=env, timeout=300).stdout.count("pairs ok") == nprocs
+
+
 def test_ten_thousand_cupy_calls_leave_memory_fds_shm_and_gpu_memory_flat():
     assert "flat after 10000 cupy calls" in run_mpi(2, "leak_worker.py", "10000", "cupy", timeout=300).stdout
 

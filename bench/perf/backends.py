@@ -27,7 +27,8 @@ from hfr.rendezvous import store_address
 from .arrays import ArrayKind
 from .collectives import Collective
 
-__all__ = ["Unavailable", "make_backend", "BACKEND_NAMES", "FLOOR_NAMES", "HFR_ALGO_NAMES", "ranks_per_host"]
+__all__ = ["Unavailable", "make_backend", "BACKEND_NAMES", "FLOOR_NAMES", "HFR_ALGO_NAMES", "HFR_PAIRS_NAMES",
+           "ranks_per_host"]
 
 _HALF_TYPES = ("float16", "bfloat16")
 
@@ -51,13 +52,16 @@ def _finish_avg(recv: Any, op: str, nranks: int) -> None:
 
 
 class HfrBackend:
-    """hfr's Communicator on the whole job; "hfr:ALGO" forces the inter-node algorithm ALGO (HFR_ALGO)."""
+    """hfr's Communicator on the whole job; "hfr:ALGO" forces the inter-node algorithm ALGO (HFR_ALGO),
+    "hfr:pairs-MODE" its GPU pairs (the Communicator's pairs argument: on, off)."""
 
     name = "hfr"
 
-    def __init__(self, comm: MPI.Comm, kind: ArrayKind, algo: Optional[str] = None) -> None:
+    def __init__(self, comm: MPI.Comm, kind: ArrayKind, algo: Optional[str] = None, pairs: Optional[str] = None) -> None:
+        if pairs is not None:
+            self.name = f"hfr:pairs-{pairs}"
         if algo is None:
-            self.comm = hfr.Communicator(comm=comm)
+            self.comm = hfr.Communicator(comm=comm, pairs=pairs)
             return
         self.name = f"hfr:{algo}"
         saved = os.environ.get("HFR_ALGO")
@@ -79,7 +83,7 @@ class HfrBackend:
     def describe(self) -> str:
         c = self.comm
         settings = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("HFR_"))
-        return (f"hfr {hfr.__version__}: {c.nnodes} node(s) x local size {c.local_size}, chunk {c.chunk_bytes} B, "
+        return (f"{self.name} {hfr.__version__}: {c.nnodes} node(s) x local size {c.local_size}, chunk {c.chunk_bytes} B, "
                 f"kernels cython {kernels.simd()}; env {settings or '(no HFR_* set: defaults)'}")
 
     def allreduce(self, send: Any, recv: Any, op: str, root: int) -> None:
@@ -565,10 +569,13 @@ FLOOR_NAMES = ("pcie-floor", "pair-floor")  # not collectives, timed where asked
 
 
 HFR_ALGO_NAMES = tuple(f"hfr:{algo}" for algo in ALGOS)  # hfr with one inter-node algorithm forced
+HFR_PAIRS_NAMES = ("hfr:pairs-on", "hfr:pairs-off")  # hfr with its GPU pairs forced on (every size) or off
 
 
 def make_backend(name: str, comm: MPI.Comm, kind: ArrayKind) -> Any:
     """The named backend, ready to run, or Unavailable(reason). Collective over comm."""
+    if name in HFR_PAIRS_NAMES:
+        return HfrBackend(comm, kind, pairs=name[len("hfr:pairs-"):])
     if name.startswith("hfr:"):
         return HfrBackend(comm, kind, algo=name[len("hfr:"):])
     return _BACKENDS[name](comm, kind)

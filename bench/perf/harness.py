@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from . import report
 from .arrays import KINDS, ArrayKind
-from .backends import BACKEND_NAMES, FLOOR_NAMES, HFR_ALGO_NAMES, Unavailable, make_backend
+from .backends import BACKEND_NAMES, FLOOR_NAMES, HFR_ALGO_NAMES, HFR_PAIRS_NAMES, Unavailable, make_backend
 from .collectives import COLLECTIVES, DTYPES, OPS, Collective, count_wrong, rank_input
 from .links import LinkMeter
 
@@ -70,6 +70,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--backends", default=",".join(BACKEND_NAMES),
                    help=f"comma-separated, timed in this order (default {','.join(BACKEND_NAMES)}); "
                         f"hfr:ALGO forces an inter-node algorithm, one of {','.join(HFR_ALGO_NAMES)}; "
+                        f"{' and '.join(HFR_PAIRS_NAMES)} force GPU pairs on (every size) or off; "
                         f"pcie-floor (CuPy) times only the copies a staged call makes, the floor of hfr's time; "
                         f"pair-floor (CuPy) those of a call whose ranks pair up over their device link")
     p.add_argument("--seed", type=int, default=1, help="seed of every rank's input (default 1)")
@@ -80,7 +81,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     for name in args.backends:
-        known = BACKEND_NAMES + HFR_ALGO_NAMES + FLOOR_NAMES
+        known = BACKEND_NAMES + HFR_ALGO_NAMES + HFR_PAIRS_NAMES + FLOOR_NAMES
         if name not in known and name != "wrong":  # "wrong": the tests' corrupting one
             p.error(f"unknown backend {name!r}: choose from {','.join(known)}")
     if args.op == "avg" and DTYPES[args.datatype].kind not in "fV":

@@ -1,0 +1,80 @@
+"""GPU pairs (the paper's Section IV-C; hfr/_node_call.pyx says how a paired call runs): the pair's add, one
+small CUDA kernel per element kind and op, compiled once through CuPy (NVRTC), and what a rank prepares for
+its partner at its first CUDA call.
+
+Local ranks 2i and 2i + 1 of a node are partners. With HFR_PAIRS=auto (the default) a pair forms where
+their devices are one device (ranks sharing a GPU: the link is the device's own memory) or NVLink peers
+(peer access with native atomics, which PCIe peers lack); `on` pairs over any peer access and at every
+size; `off` never pairs. A call is paired only where both partners can pair it (the C loop decides from
+both ranks' words after the call check), so a partner on host arrays, or one that met CUDA later, just
+leaves the pair apart for that call.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import _node_call
+
+__all__ = ["MODES", "PAIRS_FROM_BYTES", "prepare"]
+
+MODES = ("auto", "on", "off")  # HFR_PAIRS, in the order of _node_call's pair modes (PAIRS_AUTO, ON, OFF)
+# With `auto`, calls of fewer bytes stay apart: a push waits for the copy engine's turn (~0.7 ms on a GPU
+# time-sliced by 4 ranks, bench/RESULTS.md), which costs more than the PCIe it saves below a few chunks.
+PAIRS_FROM_BYTES = 32 << 20
+
+# The add: acc[i] = a op b over the pair's two halves, a the lower local rank's (acc's where acc_first), in
+# the accumulation type (float32 for the half types, rounded to nearest even once), as hfr/_tiles.pxi's
+# loops do (max and min return a NaN of either side; integer sums wrap: they run on the unsigned kinds).
+_SOURCE = r"""
+__device__ __forceinline__ float fp16_wide(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short fp16_narrow(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float bf16_wide(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
+__device__ __forceinline__ unsigned short bf16_narrow(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  /* a quiet NaN */
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+#define SAME(v) (v)
+#define SUM(a, b) ((a) + (b))
+#define PROD(a, b) ((a) * (b))
+#define MAX(a, b) (((a) > (b)) | ((a) != (a)) ? (a) : (b))
+#define MIN(a, b) (((a) < (b)) | ((a) != (a)) ? (a) : (b))
+#define ADD(NAME, T, W, WIDE, NARROW, OP) \
+extern "C" __global__ void NAME(T* acc, const T* other, unsigned long long n, int acc_first) { \
+    unsigned long long step = (unsigned long long)gridDim.x * blockDim.x; \
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) { \
+        W mine = WIDE(acc[i]), theirs = WIDE(other[i]); \
+        W a = acc_first ? mine : theirs, b = acc_first ? theirs : mine; \
+        acc[i] = (T)NARROW(OP(a, b)); \
+    } \
+}
+"""
+_TYPES = {"f32": ("float", "float", "SAME", "SAME"), "f64": ("double", "double", "SAME", "SAME"),
+          "i8": ("signed char", "signed char", "SAME", "SAME"), "u8": ("unsigned char", "unsigned char", "SAME", "SAME"),
+          "i32": ("int", "int", "SAME", "SAME"), "u32": ("unsigned int", "unsigned int", "SAME", "SAME"),
+          "i64": ("long long", "long long", "SAME", "SAME"),
+          "u64": ("unsigned long long", "unsigned long long", "SAME", "SAME"),
+          "bf16": ("unsigned short", "float", "bf16_wide", "bf16_narrow"),
+          "fp16": ("unsigned short", "float", "fp16_wide", "fp16_narrow")}
+
+
+def _source() -> str:
+    lines = [_SOURCE]
+    for name in _node_call.PAIR_KERNEL_NAMES:
+        _, _, kind, op = name.split("_")
+        t, w, wide, narrow = _TYPES[kind]
+        lines.append(f"ADD({name}, {t}, {w}, {wide}, {narrow}, {op.upper()})")
+    return "\n".join(lines) + "\n"
+
+
+def prepare(driver: Any, device: int, box_bytes: int, record: int) -> Any:
+    """Compile the add's kernels on device (CuPy caches them on disk) and make this rank's side of its pair
+    through driver (hfr/_cuda.pyx's Device.prepare_pair), its record written at address record. Returns the
+    module, which must live as long as the driver."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        module = cupy.RawModule(code=_source(), options=("--std=c++11",))
+        kernels = [module.get_function(name).ptr for name in _node_call.PAIR_KERNEL_NAMES]
+        driver.prepare_pair(box_bytes, kernels, record)
+    return module
