@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#pragma GCC diagnostic ignored "-Wunused-parameter"  /* the driver's signatures, of which a fake uses a part */
 
 enum { ILLEGAL_ADDRESS = 700, INVALID_CONTEXT = 201, STREAMS = 16, QUEUED = 256 };
 static int primary[16];  /* a device's primary context is the address of its entry */
@@ -125,7 +126,7 @@ int cuEventDestroy_v2(void *event) { free(event); return 0; }
 int cuGetErrorName(int error, const char **text) { *text = error == ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS" : "CUDA_ERROR_UNKNOWN"; return 0; }
 int cuGetErrorString(int error, const char **text) { *text = "an illegal memory access was encountered (fake)"; return 0; }
 /* ---- what a GPU pair uses: device memory another process maps, copies between device buffers, the add ---- */
-typedef struct { char reserved[64]; } ipc_handle;
+typedef struct { char reserved[64]; } ipc_handle;  /* CUipcMemHandle, CUipcEventHandle: passed by value to open */
 struct shared { pid_t pid; int fd; size_t nbytes; };  /* an IPC handle of memory: where the other process opens it */
 enum { MAPPINGS = 64 };
 static struct { uintptr_t at; size_t nbytes; int fd; } mappings[MAPPINGS];  /* ours and those opened, by address */
@@ -147,14 +148,22 @@ static int unmapped(uintptr_t at) {  /* under lock: its fd (-1 for one opened by
     abort();
 }
 int cuDeviceGetCount(int *count) { *count = 1; return 0; }
-int cuDeviceGetUuid_v2(unsigned char *uuid, int device) { memset(uuid, 0, 16); snprintf((char *)uuid, 16, "fake-gpu-%d", device); return 0; }
+int cuDeviceGetUuid_v2(unsigned char *uuid, int device) {  /* a CUuuid: 16 bytes, the same for a device's ranks */
+    memset(uuid, 0, 16);
+    snprintf((char *)uuid, 16, "fake-gpu-%d", device);
+    return 0;
+}
 int cuDeviceCanAccessPeer(int *can, int device, int peer) { *can = 1; return 0; }
 int cuDeviceGetP2PAttribute(int *value, int attribute, int device, int peer) { *value = 1; return 0; }
 int cuMemAlloc_v2(uintptr_t *at, size_t nbytes) {
     in_context("an allocation");
-    int fd = memfd_create("fake-cuda", 0);
-    void *p = fd < 0 || ftruncate(fd, nbytes) ? MAP_FAILED : mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) return 2;  /* CUDA_ERROR_OUT_OF_MEMORY */
+    int fd = memfd_create("fake-cuda", MFD_CLOEXEC);  /* another process opens it as /proc/<pid>/fd/<fd> */
+    void *p = fd < 0 || ftruncate(fd, (off_t)nbytes) ? MAP_FAILED
+                                                     : mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        if (fd >= 0) close(fd);
+        return 2;  /* CUDA_ERROR_OUT_OF_MEMORY */
+    }
     pthread_mutex_lock(&lock);
     mapped(*at = (uintptr_t)p, nbytes, fd);
     pthread_mutex_unlock(&lock);
@@ -214,66 +223,77 @@ int cuModuleLoadData(void **module, const void *image) { *module = calloc(1, 1);
 int cuModuleUnload(void *module) { free(module); return 0; }
 int cuModuleGetFunction(void **function, void *module, const char *name) { *function = strdup(name); return 0; }
 
-/* hfr/pairs.py's adds: acc[i] = a op b, a the lower rank's (acc's where acc_first), in the wide type W */
+/* hfr/pairs.py's adds: acc[i] = a op b, a the lower rank's (acc's where acc_first), in the wide type W; sums
+ * and products in U, the unsigned type for the integer kinds, so that they wrap without undefined behaviour */
 static float bf16_wide(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 static uint16_t bf16_narrow(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  /* a quiet NaN */
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 static float fp16_wide(uint16_t h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
 static uint16_t fp16_narrow(float f) { _Float16 v = (_Float16)f; uint16_t h; memcpy(&h, &v, 2); return h; }
 #define SAME(v) (v)
-#define SUM(a, b) ((a) + (b))
-#define PROD(a, b) ((a) * (b))
-#define MAX(a, b) (((a) > (b)) | ((a) != (a)) ? (a) : (b))
-#define MIN(a, b) (((a) < (b)) | ((a) != (a)) ? (a) : (b))
-#define ADD(KIND, T, W, WIDE, NARROW) \
-    static void add_##KIND(void *acc_, const void *other_, unsigned long long n, int acc_first, const char *op) { \
+#define SUM(U, a, b) ((U)(a) + (U)(b))
+#define PROD(U, a, b) ((U)(a) * (U)(b))
+#define MAX(U, a, b) (((a) > (b)) | ((a) != (a)) ? (a) : (b))  /* a NaN of either side, as np.maximum */
+#define MIN(U, a, b) (((a) < (b)) | ((a) != (a)) ? (a) : (b))
+#define LOOP(OP, T, W, U, WIDE, NARROW) \
+    for (unsigned long long i = 0; i < n; i++) { \
+        W mine = WIDE(acc[i]), theirs = WIDE(other[i]); \
+        W a = acc_first ? mine : theirs, b = acc_first ? theirs : mine; \
+        acc[i] = (T)NARROW(OP(U, a, b)); \
+    }
+#define ADD(KIND, T, W, U, WIDE, NARROW) \
+    static void add_##KIND(void *acc_, const void *other_, unsigned long long n, int acc_first, int op) { \
         T *acc = acc_; \
         const T *other = other_; \
-        for (unsigned long long i = 0; i < n; i++) { \
-            W mine = WIDE(acc[i]), theirs = WIDE(other[i]); \
-            W a = acc_first ? mine : theirs, b = acc_first ? theirs : mine; \
-            W r = !strcmp(op, "sum") ? SUM(a, b) : !strcmp(op, "prod") ? PROD(a, b) : !strcmp(op, "max") ? MAX(a, b) : MIN(a, b); \
-            acc[i] = (T)NARROW(r); \
+        switch (op) { \
+        case 0: LOOP(SUM, T, W, U, WIDE, NARROW) break; \
+        case 1: LOOP(MAX, T, W, U, WIDE, NARROW) break; \
+        case 2: LOOP(MIN, T, W, U, WIDE, NARROW) break; \
+        default: LOOP(PROD, T, W, U, WIDE, NARROW) \
         } \
     }
-ADD(f32, float, float, SAME, SAME)
-ADD(f64, double, double, SAME, SAME)
-ADD(i8, int8_t, int8_t, SAME, SAME)
-ADD(u8, uint8_t, uint8_t, SAME, SAME)
-ADD(i32, int32_t, int32_t, SAME, SAME)
-ADD(u32, uint32_t, uint32_t, SAME, SAME)
-ADD(i64, int64_t, int64_t, SAME, SAME)
-ADD(u64, uint64_t, uint64_t, SAME, SAME)
-ADD(bf16, uint16_t, float, bf16_wide, bf16_narrow)
-ADD(fp16, uint16_t, float, fp16_wide, fp16_narrow)
-static const struct { const char *kind; void (*add)(void *, const void *, unsigned long long, int, const char *); } adds[] = {
+ADD(f32, float, float, float, SAME, SAME)
+ADD(f64, double, double, double, SAME, SAME)
+ADD(i8, int8_t, int8_t, uint8_t, SAME, SAME)
+ADD(u8, uint8_t, uint8_t, uint8_t, SAME, SAME)
+ADD(i32, int32_t, int32_t, uint32_t, SAME, SAME)
+ADD(u32, uint32_t, uint32_t, uint32_t, SAME, SAME)
+ADD(i64, int64_t, int64_t, uint64_t, SAME, SAME)
+ADD(u64, uint64_t, uint64_t, uint64_t, SAME, SAME)
+ADD(bf16, uint16_t, float, float, bf16_wide, bf16_narrow)
+ADD(fp16, uint16_t, float, float, fp16_wide, fp16_narrow)
+static const char *const ops[] = {"sum", "max", "min", "prod"};  /* in add_*'s cases */
+static const struct { const char *kind; void (*add)(void *, const void *, unsigned long long, int, int); } adds[] = {
     {"f32", add_f32}, {"f64", add_f64}, {"i8", add_i8}, {"u8", add_u8}, {"i32", add_i32}, {"u32", add_u32},
     {"i64", add_i64}, {"u64", add_u64}, {"bf16", add_bf16}, {"fp16", add_fp16}};
 
 int cuLaunchKernel(void *function, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
                    unsigned int bz, unsigned int shared_bytes, uintptr_t handle, void **params, void **extra) {
+    const char *name = function;  /* cuModuleGetFunction's copy of the name */
     char kind[8], op[8];
+    int end = 0, k = -1, o = -1;
     if (failing(&launches, "FAKE_CUDA_FAIL_LAUNCH")) return ILLEGAL_ADDRESS;
     in_context("a launch");
-    if (sscanf(function, "hfr_pair_%7[a-z0-9]_%7[a-z]", kind, op) != 2) {
-        fprintf(stderr, "fake libcuda: no kernel %s\n", (const char *)function);
+    if (sscanf(name, "hfr_pair_%7[a-z0-9]_%7[a-z]%n", kind, op, &end) == 2 && !name[end]) {
+        for (int i = 0; i < (int)(sizeof adds / sizeof adds[0]); i++)
+            if (!strcmp(adds[i].kind, kind)) k = i;
+        for (int i = 0; i < (int)(sizeof ops / sizeof ops[0]); i++)
+            if (!strcmp(ops[i], op)) o = i;
+    }
+    if (k < 0 || o < 0) {
+        fprintf(stderr, "fake libcuda: no kernel %s\n", name);
         abort();
     }
-    for (size_t i = 0; i < sizeof adds / sizeof adds[0]; i++)
-        if (!strcmp(adds[i].kind, kind)) {
-            pthread_mutex_lock(&lock);
-            struct stream *s = stream_of(handle);
-            run_until(s, s->queued);
-            adds[i].add(*(void **)params[0], *(void **)params[1], *(unsigned long long *)params[2], *(int *)params[3], op);
-            pthread_mutex_unlock(&lock);
-            return 0;
-        }
-    fprintf(stderr, "fake libcuda: no kernel %s\n", (const char *)function);
-    abort();
+    pthread_mutex_lock(&lock);
+    struct stream *s = stream_of(handle);
+    run_until(s, s->queued);
+    adds[k].add(*(void **)params[0], *(void **)params[1], *(unsigned long long *)params[2], *(int *)params[3], o);
+    pthread_mutex_unlock(&lock);
+    return 0;
 }
 int fake_launches(void) { return launches; }
 int fake_copies(void) { return copies; }
