@@ -28,6 +28,8 @@ cdef struct Pair:  # this rank's side of its GPU pair (hfr/_node_call.pyx's term
     size_t box_bytes
     void* events[PAIR_EVENTS]  # ours, interprocess
     uintptr_t kernels[PAIR_KERNELS]  # the add's CUfunction by kind * PAIR_OPS + op; all 0: no pair prepared
+    bint one_device  # a partner on our own device links (hfr/pairs.py's policy)
+    bint any_peer  # a partner on a peer device links over any peer access, not only NVLink's
     Link link
     uintptr_t partner_boxes  # the partner's, opened once LINKED
     void* partner_events[PAIR_EVENTS]
@@ -52,7 +54,7 @@ cdef int copy(Cuda* cuda, char* dst, const char* src, size_t nbytes, bint to_hos
 cdef int record(Cuda* cuda, int event, bint to_host) noexcept nogil
 cdef int wait(Cuda* cuda, int event) noexcept nogil
 cdef int drain(Cuda* cuda) noexcept nogil
-cdef int link(Cuda* cuda, const PairRecord* partner, bint any_peer) noexcept nogil
+cdef int link(Cuda* cuda, const PairRecord* partner) noexcept nogil
 cdef int push(Cuda* cuda, uintptr_t dst, const char* src, size_t nbytes, bint to_host) noexcept nogil
 cdef int record_pushed(Cuda* cuda, int event, bint to_host) noexcept nogil
 cdef int after_partner(Cuda* cuda, int event, bint to_host) noexcept nogil

@@ -237,15 +237,15 @@ cdef enum:
     ADD_BLOCKS = 1024  # at most, each thread striding over the rest
 
 
-cdef int _peer(Cuda* cuda, const unsigned char* uuid, bint any_peer, bint* linked) noexcept nogil:
-    """linked: the device of that uuid is ours, or one ours reaches as a peer (over NVLink, by its native
-    atomics, unless any_peer). Returns the CUresult."""
+cdef int _peer(Cuda* cuda, const unsigned char* uuid, bint* linked) noexcept nogil:
+    """linked: the device of that uuid is ours (where the pair's one_device), or one ours reaches as a peer
+    (over NVLink, by its native atomics, unless the pair's any_peer). Returns the CUresult."""
     cdef unsigned char other[UUID_BYTES]
     cdef int count = 0, device = -1, i, can = 0, atomics = 0
     cdef int error = cu_device_uuid(other, cuda.device)
     linked[0] = False
     if error or memcmp(other, uuid, UUID_BYTES) == 0:
-        linked[0] = not error
+        linked[0] = not error and cuda.pair.one_device
         return error
     error = cu_device_count(&count)
     i = 0
@@ -259,20 +259,20 @@ cdef int _peer(Cuda* cuda, const unsigned char* uuid, bint any_peer, bint* linke
     if error or device < 0:
         return error
     error = cu_can_access_peer(&can, cuda.device, device)
-    if not error and can and not any_peer:
+    if not error and can and not cuda.pair.any_peer:
         error = cu_p2p_attribute(&atomics, P2P_NATIVE_ATOMICS, cuda.device, device)
         can = atomics
     linked[0] = not error and can
     return error
 
 
-cdef int link(Cuda* cuda, const PairRecord* partner, bint any_peer) noexcept nogil:
+cdef int link(Cuda* cuda, const PairRecord* partner) noexcept nogil:
     """The pair's link, once the partner's record is published (the context entered): NO_LINK where its device
     is not ours nor a peer of ours (_peer), else its boxes and events opened (LINKED). Returns the CUresult."""
     cdef Pair* pair = &cuda.pair
     cdef bint linked
     cdef IpcHandle handle
-    cdef int error = _peer(cuda, partner.uuid, any_peer, &linked), i
+    cdef int error = _peer(cuda, partner.uuid, &linked), i
     if error or not linked:
         pair.link = NO_LINK if not error else UNLINKED
         return error
@@ -332,10 +332,11 @@ cdef class Device:
             raise RuntimeError(f"CUDA device {ordinal}: {error_text(error)}")
         self.cuda.device = device
 
-    def prepare_pair(self, size_t box_bytes, kernels, size_t record) -> None:
+    def prepare_pair(self, size_t box_bytes, kernels, size_t record, bint one_device, bint any_peer) -> None:
         """Make this rank's side of a GPU pair: its inbox and outbox of box_bytes each, its interprocess
         events, the add's kernels (CUfunction handles, by kind * PAIR_OPS + op), and write what the partner
-        opens them by into the PairRecord at address `record`. Once."""
+        opens them by into the PairRecord at address `record`; with which partners it links (Pair's
+        one_device, any_peer). Once."""
         cdef Pair* pair = &self.cuda.pair
         cdef PairRecord* out = <PairRecord*>record
         cdef IpcHandle handle
@@ -363,7 +364,7 @@ cdef class Device:
             leave(&self.cuda)
         if error:
             raise RuntimeError(f"preparing the GPU pair's buffers and events: {error_text(error)}")
-        pair.box_bytes = box_bytes
+        pair.box_bytes, pair.one_device, pair.any_peer = box_bytes, one_device, any_peer
         for i in range(PAIR_KERNELS):
             pair.kernels[i] = kernels[i]
 

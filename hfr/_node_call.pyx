@@ -818,7 +818,7 @@ cdef int _pairable(Node* node, Plan* p) noexcept nogil:
         partner = node.control + node.partner * node.row_words
         if hfr_load(partner + PAIR_READY) == 0:  # its record's stores are seen after it
             return 0
-        error = link(cuda, <PairRecord*>(partner + PAIR_RECORD), node.pairs == PAIRS_ON)
+        error = link(cuda, <PairRecord*>(partner + PAIR_RECORD))
         if not error and cuda.pair.link == LINKED:
             _publish(node, PAIR_READY, PAIR_LINKED)
     p.pairable = not error and cuda.pair.link == LINKED

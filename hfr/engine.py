@@ -467,7 +467,7 @@ class Engine:
         part = -(-(self.chunk // 2 + int(Protocol.SLICE_ALIGN_BYTES)) // 4096) * 4096
         record = self.segment.control[layout.local_rank, PAIR_RECORD:].ctypes.data
         try:
-            copies.pair_kernels = pairs.prepare(copies.driver, copies.device, STAGES * part, record)
+            copies.pair_kernels = pairs.prepare(copies.driver, copies.device, STAGES * part, record, self.pairing)
         except Exception as error:
             if self.pairing == "on":
                 raise HFRError(f"rank {layout.rank}: HFR_PAIRS=on, but its GPU pair could not be prepared: {error}") \

@@ -3,24 +3,30 @@ small CUDA kernel per element kind and op, compiled once through CuPy (NVRTC), a
 its partner at its first CUDA call.
 
 Local ranks 2i and 2i + 1 of a node are partners. With HFR_PAIRS=auto (the default) a pair forms where
-their devices are one device (ranks sharing a GPU: the link is the device's own memory) or NVLink peers
-(peer access with native atomics, which PCIe peers lack); `on` pairs over any peer access and at every
-size; `off` never pairs. A call is paired only where both partners can pair it (the C loop decides from
-both ranks' words after the call check), so a partner on host arrays, or one that met CUDA later, just
-leaves the pair apart for that call.
+their devices are NVLink peers (peer access with native atomics, which PCIe peers lack), or one device
+whose processes run at once (an MPS server: concurrent()), for calls from PAIRS_FROM_BYTES; `on` pairs
+over any peer access, on one device always, and at every size; `off` never pairs. A call is paired only
+where both partners can pair it (the C loop decides from both ranks' words after the call check), so a
+partner on host arrays, or one that met CUDA later, just leaves the pair apart for that call.
+
+Why not on a time-sliced device: a paired chunk's hand-overs (a push, then the partner's add after it)
+cross processes, and where the device time-slices its processes each waits for the partner's slice. On
+the GPU host (H100, bench/RESULTS.md, "GPU pairs"), 186 MiB: 4 ranks time-sliced 1.15-1.37x faster than
+unpaired, 8 ranks 0.78x (slower), 64 MiB and below slower; under MPS 2.8x (4 ranks), 2.1x (8), and
+1.6-2.3x from 4 MiB.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from . import _node_call
 
-__all__ = ["MODES", "PAIRS_FROM_BYTES", "prepare"]
+__all__ = ["MODES", "PAIRS_FROM_BYTES", "concurrent", "prepare"]
 
 MODES = ("auto", "on", "off")  # HFR_PAIRS, in the order of _node_call's pair modes (PAIRS_AUTO, ON, OFF)
-# With `auto`, calls of fewer bytes stay apart: a push waits for the copy engine's turn (~0.7 ms on a GPU
-# time-sliced by 4 ranks, bench/RESULTS.md), which costs more than the PCIe it saves below a few chunks.
-PAIRS_FROM_BYTES = 32 << 20
+# With `auto`, calls of fewer bytes stay apart: the smallest measured faster paired (under MPS, 4 ranks)
+PAIRS_FROM_BYTES = 4 << 20
 
 # The add: acc[i] = a op b over the pair's two halves, a the lower local rank's (acc's where acc_first), in
 # the accumulation type (float32 for the half types, rounded to nearest even once), as hfr/_tiles.pxi's
@@ -67,14 +73,20 @@ def _source() -> str:
     return "\n".join(lines) + "\n"
 
 
-def prepare(driver: Any, device: int, box_bytes: int, record: int) -> Any:
+def concurrent() -> bool:
+    """Whether this host's processes run at once on a device: an MPS server's control pipe is there
+    (CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps), and a CUDA process connects to it."""
+    return os.path.exists(os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", "control"))
+
+
+def prepare(driver: Any, device: int, box_bytes: int, record: int, mode: str) -> Any:
     """Compile the add's kernels on device (CuPy caches them on disk) and make this rank's side of its pair
-    through driver (hfr/_cuda.pyx's Device.prepare_pair), its record written at address record. Returns the
-    module, which must live as long as the driver."""
+    through driver (hfr/_cuda.pyx's Device.prepare_pair), its record written at address record, linking as
+    mode (HFR_PAIRS) says. Returns the module, which must live as long as the driver."""
     import cupy
 
     with cupy.cuda.Device(device):
         module = cupy.RawModule(code=_source(), options=("--std=c++11",))
-        kernels = [module.get_function(name).ptr for name in _node_call.PAIR_KERNEL_NAMES]
-        driver.prepare_pair(box_bytes, kernels, record)
+        kernels = [module.get_function(name).kernel.ptr for name in _node_call.PAIR_KERNEL_NAMES]
+        driver.prepare_pair(box_bytes, kernels, record, mode == "on" or concurrent(), mode == "on")
     return module

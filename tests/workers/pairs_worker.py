@@ -1,4 +1,4 @@
-"""GPU pairs (hfr/pairs.py, HFR_PAIRS=on: every size; auto from its size on) on a real GPU (tests/test_cupy.py) or on the fake CUDA
+"""GPU pairs (hfr/pairs.py, HFR_PAIRS=on: every size; auto under MPS from its size on) on a real GPU (tests/test_cupy.py) or on the fake CUDA
 driver and CuPy (tests/test_staged.py): the pairs formed, every dtype and op of allreduce against a float64
 reference, the same bits on every rank and for another chunk size, reduce_scatter and reduce, a call whose
 rank 0 holds a host array. On the fake, argv[1] "launch" or "push" then fails rank 0's first add kernel, or its
@@ -8,6 +8,7 @@ new communicator's calls are right.
 import ctypes
 import os
 import sys
+import tempfile
 import time
 
 import cupy
@@ -109,18 +110,25 @@ for count in (7, 300007):  # rank 0's array on the host: its pair stays apart, t
     same_everywhere(got, ("host and device", count))
 other.close()
 comm.close()
-if sys.argv[1] != "push":  # HFR_PAIRS=auto (the default): a call of PAIRS_FROM_BYTES pairs, one just below not
-    auto = hfr.Communicator(world)
-    auto.allreduce(cupy.asarray(np.ones(7, np.float32)))  # meets CUDA: the ranks publish their records
-    count = hfr.pairs.PAIRS_FROM_BYTES // 4
-    for elements, paired in ((count - 1024, False), (count, True)):
-        host, rows = inputs(np.float32, elements)
-        launches = driver.fake_launches() if fake else 0
-        got = cupy.asnumpy(auto.allreduce(cupy.asarray(host)))
-        close_to(got, reference(rows, np.float32, "sum"), np.float32, ("auto", elements))
-        assert not fake or auto.local_rank ^ 1 >= auto.local_size or (driver.fake_launches() > launches) == paired, \
-            (rank, elements, "paired" if paired else "apart")
-    auto.close()
+if sys.argv[1] != "push":  # HFR_PAIRS=auto (the default): ranks of one device pair only under MPS (concurrent),
+    # from PAIRS_FROM_BYTES; the fake's "MPS" is a control pipe's name in CUDA_MPS_PIPE_DIRECTORY
+    for mps in (False, True) if fake else (False,):
+        if mps:
+            pipes = tempfile.mkdtemp()
+            open(os.path.join(pipes, "control"), "w").close()
+            os.environ["CUDA_MPS_PIPE_DIRECTORY"] = pipes
+        auto = hfr.Communicator(world)
+        auto.allreduce(cupy.asarray(np.ones(7, np.float32)))  # meets CUDA: the ranks publish their records
+        count = hfr.pairs.PAIRS_FROM_BYTES // 4
+        for elements, paired in ((count - 1024, False), (count, mps)):
+            host, rows = inputs(np.float32, elements)
+            launches = driver.fake_launches() if fake else 0
+            got = cupy.asnumpy(auto.allreduce(cupy.asarray(host)))
+            close_to(got, reference(rows, np.float32, "sum"), np.float32, ("auto", elements))
+            assert not fake or auto.local_rank ^ 1 >= auto.local_size or (driver.fake_launches() > launches) == paired, \
+                (rank, elements, mps, "paired" if paired else "apart")
+        auto.close()
+        os.environ.pop("CUDA_MPS_PIPE_DIRECTORY", None)
 
 if fake:  # a failure in the pair's steps: rank 0's first add kernel, or its first push (its call's first copy)
     comm = communicator(timeout=3)

@@ -45,9 +45,10 @@ def asnumpy(x: ndarray) -> np.ndarray:
     return x.a.copy()
 
 
-class _Function:
+class _Function:  # a RawKernel: its kernel, the loaded function, has the CUfunction as ptr
     def __init__(self, ptr: int):
         self.ptr = ptr
+        self.kernel = self
 
 
 class RawModule:
