@@ -15,7 +15,7 @@
 #   steps      where a staged call's chunks spend their time (bench/chunk_steps.py): CuPy 64 MiB n=4 in chunks
 #              of 8 MiB and 1 MiB, time-sliced and under MPS, and NumPy beside them (~2 min)
 #   pairs      GPU pairs (issue 28): their tests, then CuPy n=4 1 MiB - 186 MiB and n=8 186 MiB with pairs off, on and
-#              auto (hfr) beside the PCIe and pair floors (~5 min)
+#              auto (hfr) beside the PCIe and pair floors, time-sliced and under MPS (where auto pairs) (~6 min)
 #   shm        hfr on NumPy arrays and torch CPU tensors (also with OMP_WAIT_POLICY=PASSIVE) against DeepSpeed's
 #              shm allreduce, in place, 8 B up, n = 4 and 8 (~4 min; needs the deepspeed wheels: see the stage)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
@@ -144,12 +144,18 @@ steps)
 pairs)
   log "GPU pairs: tests"
   timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_cupy.py -k pairs 2>&1 | tail -15
-  log "allreduce cupy n=4: pairs off, on and auto (hfr), beside the floors"
-  perf 4 -b 1M -e 186M -f 4 -n 5 -w 2 --array cupy --backends hfr:pairs-off,hfr:pairs-on,hfr,pcie-floor,pair-floor \
-    | tee "$out/pairs_n4.txt"
-  log "allreduce cupy n=8, 186 MiB: pairs off and on, beside the floors"
-  perf 8 -b 186M -e 186M -f 1 -n 5 -w 2 --array cupy --backends hfr:pairs-off,hfr:pairs-on,pcie-floor,pair-floor \
-    | tee "$out/pairs_n8.txt"
+  for mps in off on; do
+    [ $mps = on ] && nvidia-cuda-mps-control -d && sleep 1
+    log "allreduce cupy n=4, MPS $mps: pairs off, on and auto (hfr), beside the floors"
+    perf 4 -b 1M -e 186M -f 4 -n 5 -w 2 --array cupy --backends hfr:pairs-off,hfr:pairs-on,hfr,pcie-floor,pair-floor \
+      | tee "$out/pairs_n4_mps_$mps.txt"
+    perf 4 -b 186M -e 186M -f 1 -n 5 -w 2 --array cupy --backends hfr:pairs-off,hfr:pairs-on,hfr | grep "^ " \
+      | tee -a "$out/pairs_n4_mps_$mps.txt"
+    log "allreduce cupy n=8, 186 MiB, MPS $mps: pairs off, on and auto, beside the floors"
+    perf 8 -b 186M -e 186M -f 1 -n 5 -w 2 --array cupy --backends hfr:pairs-off,hfr:pairs-on,hfr,pcie-floor,pair-floor \
+      | tee "$out/pairs_n8_mps_$mps.txt"
+    [ $mps = on ] && echo quit | nvidia-cuda-mps-control
+  done
   ;;
 shm)
   # DeepSpeed 0.19.8 is an sdist on PyPI and the host has no network: carry wheels for Python 3.12, made on a

@@ -21,6 +21,7 @@ cpdef enum Protocol:
     PUSHED = 56  # a GPU pair's counters, read by the partner (hfr/_node_call.pyx)
     RETURNED = 57
     PAIR_READY = 58  # 0, PAIR_PUBLISHED once PAIR_RECORD holds this rank's PairRecord (hfr/_cuda.pxd), PAIR_LINKED
+    PAIR_SINCE = 59  # the calls it had checked when it published its record (set before PAIR_READY)
     PAIR_RECORD = 64
     ROW_WORDS = 128  # a local rank's control row: 1 KiB, whole cache lines (hfr/shm.py lays them out)
     DESCRIPTOR_FIELDS = 5  # collective, count, dtype, op, root

@@ -70,7 +70,7 @@ from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
-from hfr._cuda cimport (CALL_EVENTS, LINKED, PAIR_EVENTS, PAIR_OPS, UNLINKED, Cuda, Device, PairRecord, after_partner,
+from hfr._cuda cimport (CALL_EVENTS, LINKED, NO_LINK, PAIR_EVENTS, PAIR_OPS, UNLINKED, Cuda, Device, PairRecord, after_partner,
                         drain, enter, leave, link, order, pair_add, push, record, record_pushed, wait)
 from hfr._cuda cimport copy as cuda_copy
 
@@ -175,6 +175,7 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     bint pairable  # staged: this rank can pair the call (_pairable), as its descriptor row says (PAIRABLE)
     bint paired  # this rank and its partner pair the call (both pairable: _pair_up)
     bint pairs_out  # paired, and the pair passes each other its half of the result (an allreduce)
+    bint halved  # some pair of the node is paired in the call: its chunks have a middle (Node.halves)
 
 
 cdef inline void _mark(Plan* p, Py_ssize_t c, Mark step) noexcept nogil:
@@ -376,7 +377,7 @@ cdef class NodeCall:
         p.itemsize, p.kind, p.code = itemsize, kind, code
         p.divisor = self.size if avg else 1
         p.cuda, p.staging, p.consumed, p.cuda_error = cuda, staging, 0, 0
-        p.pairable = p.paired = p.pairs_out = False
+        p.pairable = p.paired = p.pairs_out = p.halved = False
         p.marks, p.mark_rows = self.marks, self.mark_rows
         _stores(&p, self.node.local_size, self.cache_bytes)
         p.first_chunk, p.calls_done, p.column = self.chunks_done, self.calls_done, _descriptor_column(self.calls_done)
@@ -806,19 +807,25 @@ cdef inline void _half(Plan* p, Py_ssize_t count, bint upper, Py_ssize_t* lo, Py
 
 cdef int _pairable(Node* node, Plan* p) noexcept nogil:
     """Whether this rank can pair the staged call (p.pairable), the context entered: a reducing collective,
-    neither whole nor folded, of at least pairs_from bytes (PAIRS_AUTO), with a partner that published its
-    record and whose device links to ours (linked here the first time: then PAIR_LINKED). The CUresult."""
+    neither whole nor folded, of at least pairs_from bytes (PAIRS_AUTO), with a partner whose device links
+    to ours, linked here the first time (then PAIR_LINKED): at the first such call after both partners
+    published their records (PAIR_SINCE), so that both link at the same call, in every run. A link that
+    fails leaves the pair apart (PAIRS_AUTO) or stops the call (PAIRS_ON). The CUresult."""
     cdef Cuda* cuda = p.cuda
-    cdef long long* partner
+    cdef long long* partner = node.control + node.partner * node.row_words
+    cdef long long* own = node.control + node.local_rank * node.row_words
     cdef int error = 0
     if (node.pairs == PAIRS_OFF or node.partner < 0 or cuda.pair.kernels[0] == 0 or not reduces(p.collective)
             or p.whole or p.folded or p.total == 0 or node.pairs == PAIRS_AUTO and p.total < node.pairs_from):
         return 0
     if cuda.pair.link == UNLINKED:
-        partner = node.control + node.partner * node.row_words
-        if hfr_load(partner + PAIR_READY) == 0:  # its record's stores are seen after it
+        if hfr_load(partner + PAIR_READY) == 0:  # its record's stores (and PAIR_SINCE) are seen after it
+            return 0
+        if partner[<int>PAIR_SINCE] >= p.calls_done or own[<int>PAIR_SINCE] >= p.calls_done:  # not both before it
             return 0
         error = link(cuda, <PairRecord*>(partner + PAIR_RECORD))
+        if error and node.pairs == PAIRS_AUTO:
+            cuda.pair.link, error = NO_LINK, 0
         if not error and cuda.pair.link == LINKED:
             _publish(node, PAIR_READY, PAIR_LINKED)
     p.pairable = not error and cuda.pair.link == LINKED
@@ -834,6 +841,7 @@ cdef void _pair_up(Node* node, Plan* p) noexcept nogil:
     for j in range(0, node.local_size - 1, 2):
         if rows[j * node.row_words] and rows[(j + 1) * node.row_words]:
             node.halves[j], node.halves[j + 1] = LOWER, UPPER
+            p.halved = True
     p.paired = node.halves[node.local_rank] != WHOLE
     p.pairs_out = p.paired and p.collective == ALLREDUCE
 
@@ -954,7 +962,7 @@ cdef int _reduce_node(Node* node, Plan* p, Py_ssize_t c, Rail* vote) noexcept no
     own = _own(node, p, g, first)
     if p.in_out and own == result and p.divisor == 1:  # one rank a node, in place: x is its node's sum
         return WAITED
-    if _reduce_slice(node, p, result + lo, own, _stage(node, g), lo, hi, _middle(p, count),
+    if _reduce_slice(node, p, result + lo, own, _stage(node, g), lo, hi, _middle(p, count) if p.halved else hi,
                      p.out_stores if p.in_out else p.slot_stores):
         return NO_MEMORY
     _mark(p, c, MARK_REDUCED)

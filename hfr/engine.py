@@ -48,7 +48,8 @@ WHOLE_UP_TO_BYTES = int(Protocol.WHOLE_UP_TO_BYTES)
 COLLECTIVES = tuple(c.name.lower() for c in Collective)  # in wire code order
 HEALTHY, BROKEN, TIMED_OUT = (int(c) for c in (Closing.HEALTHY, Closing.BROKEN, Closing.TIMED_OUT))  # CLOSING's
 REFUSED = int(Protocol.REFUSED)
-PAIR_READY, PAIR_RECORD = int(Protocol.PAIR_READY), int(Protocol.PAIR_RECORD)
+PAIR_READY, PAIR_SINCE, PAIR_RECORD = (int(Protocol.PAIR_READY), int(Protocol.PAIR_SINCE),
+                                      int(Protocol.PAIR_RECORD))
 ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits up to this long for its peers' word on who never came
 _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _REDUCING = tuple(name for name, code in _COLLECTIVE_CODES.items() if _node_call.reduces(code))
@@ -459,10 +460,11 @@ class Engine:
         return self._cuda
 
     def _prepare_pair(self, copies: CudaCopies) -> None:
-        """This rank's side of its GPU pair (hfr/pairs.py), published in its control row (PAIR_READY) for its
-        partner, where pairs are wanted and it has one. A box part holds half a chunk, from a cache line."""
+        """This rank's side of its GPU pair (hfr/pairs.py), published in its control row (PAIR_SINCE, then
+        PAIR_READY) for its partner, where pairs are wanted and can form (pairs.wanted) and it has one. A box
+        part holds half a chunk, from a cache line."""
         layout = self.layout
-        if self.pairing == "off" or layout.local_rank ^ 1 >= layout.local_size:
+        if layout.local_rank ^ 1 >= layout.local_size or not pairs.wanted(self.pairing):
             return
         part = -(-(self.chunk // 2 + int(Protocol.SLICE_ALIGN_BYTES)) // 4096) * 4096
         record = self.segment.control[layout.local_rank, PAIR_RECORD:].ctypes.data
@@ -474,6 +476,7 @@ class Engine:
                     from error
             warnings.warn(f"hfr: rank {layout.rank} does not pair its GPU: {type(error).__name__}: {error}")
             return
+        self._publish(PAIR_SINCE, self._node_call.calls_done)
         self._publish(PAIR_READY, int(PairReady.PAIR_PUBLISHED))
 
     def pairs(self) -> list[tuple[int, int]]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from . import _node_call
 
-__all__ = ["MODES", "PAIRS_FROM_BYTES", "concurrent", "prepare"]
+__all__ = ["MODES", "PAIRS_FROM_BYTES", "concurrent", "wanted", "prepare"]
 
 MODES = ("auto", "on", "off")  # HFR_PAIRS, in the order of _node_call's pair modes (PAIRS_AUTO, ON, OFF)
 # With `auto`, calls of fewer bytes stay apart: the smallest measured faster paired (under MPS, 4 ranks)
@@ -77,6 +77,17 @@ def concurrent() -> bool:
     """Whether this host's processes run at once on a device: an MPS server's control pipe is there
     (CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps), and a CUDA process connects to it."""
     return os.path.exists(os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", "control"))
+
+
+def wanted(mode: str) -> bool:
+    """Whether a rank with a partner prepares its side of a pair (compiles the add, allocates its boxes) under
+    mode: not `off`, nor `auto` where no pair can form, one time-sliced device visible and no MPS (a partner
+    is then on this device, which auto leaves apart, or on one this process cannot see)."""
+    if mode != "auto":
+        return mode == "on"
+    import cupy
+
+    return concurrent() or cupy.cuda.runtime.getDeviceCount() > 1
 
 
 def prepare(driver: Any, device: int, box_bytes: int, record: int, mode: str) -> Any:

@@ -76,3 +76,7 @@ class runtime:  # noqa: N801 (CuPy's module name)
     @staticmethod
     def getDevice() -> int:
         return _current()
+
+    @staticmethod
+    def getDeviceCount() -> int:
+        return 1
