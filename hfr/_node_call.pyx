@@ -70,8 +70,8 @@ from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
-from hfr._cuda cimport (CALL_EVENTS, LINKED, NO_LINK, PAIR_EVENTS, PAIR_OPS, UNLINKED, Cuda, Device, PairRecord, after_partner,
-                        drain, enter, leave, link, order, pair_add, push, record, record_pushed, wait)
+from hfr._cuda cimport (CALL_EVENTS, LINKED, NO_LINK, PAIR_EVENTS, PAIR_OPS, UNLINKED, Cuda, Device, PairRecord,
+                        after_partner, drain, enter, leave, link, order, pair_add, push, record, record_pushed, wait)
 from hfr._cuda cimport copy as cuda_copy
 
 from hfr._internode cimport INTERRUPTED as RAIL_INTERRUPTED
@@ -253,7 +253,7 @@ cdef class NodeCall:
         self.node.local_size, self.node.local_rank, self.node.timeout = local_size, local_rank, timeout
         self.node.stages, self.node.stage_bytes, self.node.slot_bytes = <char*>stages, stage_bytes, slot_bytes
         self.node.threads, self.node.gone_rank, self.node.late_only = threads, -1, -1
-        self.node.partner = local_rank ^ 1 if (local_rank ^ 1) < local_size else -1
+        self.node.partner = partner_of(local_rank, local_size)
         self.node.pairs, self.node.pairs_from = pairs, pairs_from
         self.size, self.rank = size, rank
         self.cache_bytes, self.chunk = cache_bytes, chunk
@@ -693,7 +693,7 @@ cdef int _reduce_slice(Node* node, Plan* p, char* dst, char* own, char* slots, P
     """dst = bytes [lo, hi) of the chunk's inputs reduced in slot order (ours read from own): below the chunk's
     middle from every slot but a pair's UPPER one, from it on from every slot but a pair's LOWER one
     (Node.halves); NO_MEMORY or 0."""
-    cdef Py_ssize_t cut = min(max(middle, lo), hi)
+    cdef Py_ssize_t cut = min(max(middle, lo), hi)  # [lo, cut) below the middle, [cut, hi) from it
     if lo < cut and _reduce_part(node, p, dst, own, slots, lo, cut, UPPER, stores):
         return NO_MEMORY
     if cut < hi and _reduce_part(node, p, dst + cut - lo, own, slots, cut, hi, LOWER, stores):
@@ -748,8 +748,8 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
             return waited
         p.arrived = True
         _bounds(node, p, 0, &first, &count, &lo, &hi)
-        if hi > lo and _reduce_slice(node, p, vote.call.buf, _own(node, p, g, first), _stage(node, g), lo, hi, hi,
-                                      CACHED):
+        if hi > lo and _reduce_slice(node, p, vote.call.buf, _own(node, p, g, first), _stage(node, g), lo, hi,
+                                      _middle(p, count), CACHED):
             return NO_MEMORY
     waited = _run_rail(node, vote, VOTE_STOPPED)
     if waited != WAITED:
@@ -788,13 +788,21 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
 # The boxes' parts are reused as the slots are: a partner pushes chunk g only once every rank has REDUCED
 # chunk g - STAGES (copy in) or has reduced chunk g (copy out), by which time we have read the part.
 
+cpdef int partner_of(int local_rank, int local_size) noexcept nogil:
+    """A local rank's GPU pair partner: local ranks 2i and 2i + 1 pair; -1 for an odd node's last rank."""
+    return local_rank ^ 1 if (local_rank ^ 1) < local_size else -1
+
+
 cdef inline uintptr_t _box(uintptr_t boxes, size_t box_bytes, bint outbox, int64_t g) noexcept nogil:
     """Chunk g's part of the inbox (or outbox) of the boxes at boxes."""
     return boxes + (box_bytes if outbox else 0) + (g % STAGES) * (box_bytes // STAGES)
 
 
 cdef inline Py_ssize_t _middle(Plan* p, Py_ssize_t count) noexcept nogil:
-    """A paired chunk of count bytes' middle: its first byte of the upper rank's half, on a cache line."""
+    """The middle of a chunk of count bytes where a pair of the node is paired in the call (p.halved): the
+    first byte of a pair's upper half, on a cache line; else its end (every slot holds all of it)."""
+    if not p.halved:
+        return count
     return _edge(count // p.itemsize, 2, 1, max(SLICE_ALIGN_BYTES // p.itemsize, 1)) * p.itemsize
 
 
@@ -836,11 +844,12 @@ cdef void _pair_up(Node* node, Plan* p) noexcept nogil:
     """After the call check: each pair whose two ranks can pair the call is paired (LOWER, UPPER in
     Node.halves), every other rank WHOLE; whether we are, and pass the result's halves (p.pairs_out)."""
     cdef long long* rows = node.control + p.column + PAIRABLE
-    cdef int j
+    cdef int j, k
     memset(node.halves, WHOLE, node.local_size)
-    for j in range(0, node.local_size - 1, 2):
-        if rows[j * node.row_words] and rows[(j + 1) * node.row_words]:
-            node.halves[j], node.halves[j + 1] = LOWER, UPPER
+    for j in range(node.local_size):
+        k = partner_of(j, node.local_size)
+        if j < k and rows[j * node.row_words] and rows[k * node.row_words]:
+            node.halves[j], node.halves[k] = LOWER, UPPER
             p.halved = True
     p.paired = node.halves[node.local_rank] != WHOLE
     p.pairs_out = p.paired and p.collective == ALLREDUCE
@@ -962,7 +971,7 @@ cdef int _reduce_node(Node* node, Plan* p, Py_ssize_t c, Rail* vote) noexcept no
     own = _own(node, p, g, first)
     if p.in_out and own == result and p.divisor == 1:  # one rank a node, in place: x is its node's sum
         return WAITED
-    if _reduce_slice(node, p, result + lo, own, _stage(node, g), lo, hi, _middle(p, count) if p.halved else hi,
+    if _reduce_slice(node, p, result + lo, own, _stage(node, g), lo, hi, _middle(p, count),
                      p.out_stores if p.in_out else p.slot_stores):
         return NO_MEMORY
     _mark(p, c, MARK_REDUCED)
@@ -994,8 +1003,8 @@ cdef int _copy_out(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
         a = b
     if p.whole:
         made = (p.staging if p.cuda != NULL else p.out) + a - p.out_at  # out's part, made here
-        if a < b and _reduce_slice(node, p, made, slots + node.local_rank * node.slot_bytes, slots, a, b, b,
-                                   p.out_stores):
+        if a < b and _reduce_slice(node, p, made, slots + node.local_rank * node.slot_bytes, slots, a, b,
+                                   _middle(p, count), p.out_stores):
             return NO_MEMORY
         _publish(node, REDUCED, g + 1)
         return _to_out(node, p, g, made, a, b)

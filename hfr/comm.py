@@ -80,7 +80,7 @@ class Communicator:
             if self._layout.size > 1:
                 self._engine = Engine(self._comm, self._layout, node_comm, rail_comm, chunk_bytes=chunk, timeout=wait,
                                       threads=settings.threads(self._layout.host_size), algo=algo,
-                                      pairs=pairing, cache_bytes=settings.cache_bytes())
+                                      pairing=pairing, cache_bytes=settings.cache_bytes())
                 self._front = self._engine.front
             else:
                 node_comm.Free()
@@ -100,7 +100,7 @@ class Communicator:
     def pairs(self) -> list[tuple[int, int]]:
         """The GPU pairs of this rank's node formed so far (their ranks in comm): a pair forms at the first
         CUDA call that both its ranks can pair (hfr/pairs.py)."""
-        return [] if self._engine is None else self._engine.pairs()
+        return [] if self._engine is None else self._engine.formed_pairs()
 
     @property
     def closed(self) -> bool:

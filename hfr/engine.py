@@ -55,7 +55,6 @@ _COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
 _REDUCING = tuple(name for name, code in _COLLECTIVE_CODES.items() if _node_call.reduces(code))
 _REWOUND = ("doubling", "halving")  # calls of one chunk in C by these keep their schedules per call shape
 _RAIL_SHAPES_KEPT = 64  # ... for this many call shapes
-_PAIRS_FROM_BYTES = pairs.PAIRS_FROM_BYTES
 _FOLDED_UP_TO_BYTES = internode.VOTE_ROOM_BYTES  # folded calls (the terms above): at most the vote record's room
 
 
@@ -96,12 +95,12 @@ class Engine:
     """Owns the segment and the progress thread; runs the calls submitted to it, in order."""
 
     def __init__(self, comm: MPI.Comm, layout: Layout, node_comm: MPI.Comm, rail_comm: MPI.Comm,
-                 *, chunk_bytes: int, timeout: float, threads: int, algo: str, pairs: str = "off",
+                 *, chunk_bytes: int, timeout: float, threads: int, algo: str, pairing: str = "off",
                  cache_bytes: Optional[int] = None):
         self.layout = layout
         self.comm, self.node_comm, self.rail_comm = comm, node_comm, rail_comm
         self.chunk_bytes, self.timeout, self.threads, self.algo = chunk_bytes, timeout, threads, algo
-        self.pairing = pairs  # HFR_PAIRS (hfr/pairs.py)
+        self.pairing = pairing  # HFR_PAIRS (hfr/pairs.py)
         self.segment = Segment(node_comm, chunk_bytes, STAGES)
         # The node's share of its host's last-level cache (HFR_CACHE_BYTES, else sysfs's), the same on
         # every rank of the node: a host array's call on one node is cut into chunks whose stages in
@@ -114,8 +113,8 @@ class Engine:
         self._node_call = _node_call.NodeCall(
             self.segment.control_address, ROW_WORDS, layout.local_size, layout.local_rank, timeout,
             self.segment.stages_address, self.segment.stage_bytes, self.segment.slot_bytes, layout.size,
-            layout.rank, threads, self.cache_bytes, self.chunk, getattr(Pairs, f"PAIRS_{pairs.upper()}"),
-            _PAIRS_FROM_BYTES)
+            layout.rank, threads, self.cache_bytes, self.chunk, getattr(Pairs, f"PAIRS_{pairing.upper()}"),
+            pairs.PAIRS_FROM_BYTES)
         # Calls in C across nodes poll the call check's vote and their slice's allreduce over the rail,
         # or the vote alone carrying the slice (folded, _FOLDED_UP_TO_BYTES): made once (the bare vote)
         # or once per call shape (sharing one scratch, or the vote's record: calls run one at a time),
@@ -462,11 +461,11 @@ class Engine:
     def _prepare_pair(self, copies: CudaCopies) -> None:
         """This rank's side of its GPU pair (hfr/pairs.py), published in its control row (PAIR_SINCE, then
         PAIR_READY) for its partner, where pairs are wanted and can form (pairs.wanted) and it has one. A box
-        part holds half a chunk, from a cache line."""
+        part holds a chunk's larger half: half of it and a cache line at most (the middle lies on one)."""
         layout = self.layout
-        if layout.local_rank ^ 1 >= layout.local_size or not pairs.wanted(self.pairing):
+        if _node_call.partner_of(layout.local_rank, layout.local_size) < 0 or not pairs.wanted(self.pairing):
             return
-        part = -(-(self.chunk // 2 + int(Protocol.SLICE_ALIGN_BYTES)) // 4096) * 4096
+        part = self.chunk // 2 + int(Protocol.SLICE_ALIGN_BYTES)
         record = self.segment.control[layout.local_rank, PAIR_RECORD:].ctypes.data
         try:
             copies.pair_kernels = pairs.prepare(copies.driver, copies.device, STAGES * part, record, self.pairing)
@@ -479,14 +478,14 @@ class Engine:
         self._publish(PAIR_SINCE, self._node_call.calls_done)
         self._publish(PAIR_READY, int(PairReady.PAIR_PUBLISHED))
 
-    def pairs(self) -> list[tuple[int, int]]:
+    def formed_pairs(self) -> list[tuple[int, int]]:
         """The GPU pairs of this node that formed (both ranks linked: PAIR_LINKED), as ranks in comm."""
         if self.segment.control is None:
             return []
         self.segment.sync()
         ready, ranks, linked = self.segment.control[:, PAIR_READY], self.layout.node_ranks, int(PairReady.PAIR_LINKED)
-        return [(ranks[j], ranks[j + 1]) for j in range(0, len(ranks) - 1, 2)
-                if ready[j] == linked and ready[j + 1] == linked]
+        partners = ((j, _node_call.partner_of(j, len(ranks))) for j in range(len(ranks)))
+        return [(ranks[j], ranks[k]) for j, k in partners if j < k and ready[j] == linked and ready[k] == linked]
 
     def _algo_for(self, call: Call) -> str:
         """HFR_ALGO, or by the call's size (internode.choose_algo)."""

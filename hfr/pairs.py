@@ -24,7 +24,7 @@ from . import _node_call
 
 __all__ = ["MODES", "PAIRS_FROM_BYTES", "concurrent", "wanted", "prepare"]
 
-MODES = ("auto", "on", "off")  # HFR_PAIRS, in the order of _node_call's pair modes (PAIRS_AUTO, ON, OFF)
+MODES = tuple(mode.name[len("PAIRS_"):].lower() for mode in _node_call.Pairs)  # HFR_PAIRS: auto, on, off
 # With `auto`, calls of fewer bytes stay apart: the smallest measured faster paired (under MPS, 4 ranks)
 PAIRS_FROM_BYTES = 4 << 20
 
