@@ -9,6 +9,8 @@ cdef enum:
     PAIR_KERNELS = 10 * PAIR_OPS
     UUID_BYTES = 16
     IPC_HANDLE_BYTES = 64
+    NOT_READY = 600  # CUDA_ERROR_NOT_READY: what ran() says of work not run yet
+    DRAINED = -1  # ran()'s event for all the work queued on the call's streams
 
 
 cdef enum Link:  # how a GPU pair's devices reach each other (link)
@@ -52,8 +54,7 @@ cdef void leave(Cuda* cuda) noexcept nogil
 cdef int order(Cuda* cuda, bint several) noexcept nogil
 cdef int copy(Cuda* cuda, char* dst, const char* src, size_t nbytes, bint to_host) noexcept nogil
 cdef int record(Cuda* cuda, int event, bint to_host) noexcept nogil
-cdef int wait(Cuda* cuda, int event) noexcept nogil
-cdef int drain(Cuda* cuda) noexcept nogil
+cdef int ran(Cuda* cuda, int event) noexcept nogil
 cdef int link(Cuda* cuda, const PairRecord* partner) noexcept nogil
 cdef int push(Cuda* cuda, uintptr_t dst, const char* src, size_t nbytes, bint to_host) noexcept nogil
 cdef int record_pushed(Cuda* cuda, int event, bint to_host) noexcept nogil

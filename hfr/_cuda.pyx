@@ -7,7 +7,8 @@ The CUDA driver's functions (libcuda.so.1, which CuPy and torch load too) are lo
 meets a CUDA array (bind), so hfr builds and imports without CUDA. A call's copies run on the two streams
 order() chooses, its caller's (a handle CuPy's and torch's streams give as .ptr: the driver's and the
 runtime's are one) or the device's own, queued without waiting (copy), each direction's followed by an event
-where the call needs to know that they ran (record, wait); the device's primary context (the one CuPy and
+where the call needs to know that they ran (record, then ran polls it: a blocking wait would outlive the
+call's timeout and Ctrl-C where a stream waits on a GPU pair partner that never comes); the device's primary context (the one CuPy and
 torch use) is current from enter() to leave(), whatever context the calling thread had. A GPU pair's rank
 (hfr/_node_call.pyx) also pushes into its partner's buffers, opened by CUDA IPC handles (link), waits on
 the partner's interprocess events on the device (after_partner), and adds the pair's halves with a small
@@ -26,7 +27,7 @@ ctypedef int (*get_context_fn)(void** context) noexcept nogil
 ctypedef int (*push_fn)(void* context) noexcept nogil
 ctypedef int (*to_host_fn)(void* dst, uintptr_t src, size_t nbytes, uintptr_t stream) noexcept nogil
 ctypedef int (*to_device_fn)(uintptr_t dst, const void* src, size_t nbytes, uintptr_t stream) noexcept nogil
-ctypedef int (*synchronize_fn)(uintptr_t stream) noexcept nogil
+ctypedef int (*stream_fn)(uintptr_t stream) noexcept nogil
 ctypedef int (*event_create_fn)(void** event, unsigned int flags) noexcept nogil
 ctypedef int (*event_record_fn)(void* event, uintptr_t stream) noexcept nogil
 ctypedef int (*event_fn)(void* event) noexcept nogil
@@ -58,14 +59,14 @@ cdef get_context_fn cu_get_current, cu_pop_current
 cdef push_fn cu_push_current
 cdef to_host_fn cu_to_host
 cdef to_device_fn cu_to_device
-cdef synchronize_fn cu_synchronize
+cdef stream_fn cu_stream_query
 cdef event_create_fn cu_event_create
 cdef event_record_fn cu_event_record
-cdef event_fn cu_event_synchronize, cu_event_destroy
+cdef event_fn cu_event_query, cu_event_destroy
 cdef error_text_fn cu_error_name, cu_error_string
 cdef stream_create_fn cu_stream_create
 cdef stream_wait_fn cu_stream_wait_event
-cdef synchronize_fn cu_stream_destroy
+cdef stream_fn cu_stream_destroy
 cdef count_fn cu_device_count
 cdef uuid_fn cu_device_uuid
 cdef peer_fn cu_can_access_peer
@@ -84,8 +85,8 @@ _driver = None  # libcuda.so.1, once bound
 def bind() -> None:
     """Look the driver's functions up (once): OSError where libcuda.so.1 is missing."""
     global cu_init, cu_device_get, cu_primary_retain, cu_primary_release, cu_get_current, cu_pop_current
-    global cu_push_current, cu_to_host, cu_to_device, cu_synchronize, cu_error_name, cu_error_string, _driver
-    global cu_event_create, cu_event_record, cu_event_synchronize, cu_event_destroy
+    global cu_push_current, cu_to_host, cu_to_device, cu_stream_query, cu_error_name, cu_error_string, _driver
+    global cu_event_create, cu_event_record, cu_event_query, cu_event_destroy
     global cu_stream_create, cu_stream_wait_event, cu_stream_destroy
     global cu_device_count, cu_device_uuid, cu_can_access_peer, cu_p2p_attribute, cu_alloc, cu_free, cu_device_copy
     global cu_ipc_get_memory, cu_ipc_open_memory, cu_ipc_close_memory, cu_ipc_get_event, cu_ipc_open_event, cu_launch
@@ -100,14 +101,14 @@ def bind() -> None:
     cu_pop_current = <get_context_fn>_address(lib, "cuCtxPopCurrent_v2")
     cu_to_host = <to_host_fn>_address(lib, "cuMemcpyDtoHAsync_v2")
     cu_to_device = <to_device_fn>_address(lib, "cuMemcpyHtoDAsync_v2")
-    cu_synchronize = <synchronize_fn>_address(lib, "cuStreamSynchronize")
+    cu_stream_query = <stream_fn>_address(lib, "cuStreamQuery")
     cu_event_create = <event_create_fn>_address(lib, "cuEventCreate")
     cu_event_record = <event_record_fn>_address(lib, "cuEventRecord")
-    cu_event_synchronize = <event_fn>_address(lib, "cuEventSynchronize")
+    cu_event_query = <event_fn>_address(lib, "cuEventQuery")
     cu_event_destroy = <event_fn>_address(lib, "cuEventDestroy_v2")
     cu_stream_create = <stream_create_fn>_address(lib, "cuStreamCreate")
     cu_stream_wait_event = <stream_wait_fn>_address(lib, "cuStreamWaitEvent")
-    cu_stream_destroy = <synchronize_fn>_address(lib, "cuStreamDestroy_v2")
+    cu_stream_destroy = <stream_fn>_address(lib, "cuStreamDestroy_v2")
     cu_device_count = <count_fn>_address(lib, "cuDeviceGetCount")
     cu_device_uuid = <uuid_fn>_address(lib, "cuDeviceGetUuid_v2")
     cu_can_access_peer = <peer_fn>_address(lib, "cuDeviceCanAccessPeer")
@@ -215,16 +216,16 @@ cdef int record(Cuda* cuda, int event, bint to_host) noexcept nogil:
     return cu_event_record(cuda.events[event], cuda.to_host if to_host else cuda.to_device)
 
 
-cdef int wait(Cuda* cuda, int event) noexcept nogil:
-    """Block until what events[event] was recorded after has run (its copies done, or failed)."""
-    return cu_event_synchronize(cuda.events[event])
-
-
-cdef int drain(Cuda* cuda) noexcept nogil:
-    """Block until every copy queued on both streams has run; the first CUresult that is not 0, if any."""
-    cdef int error = cu_synchronize(cuda.to_host)
-    cdef int later = cu_synchronize(cuda.to_device) if cuda.to_device != cuda.to_host else 0
-    return error or later
+cdef int ran(Cuda* cuda, int event) noexcept nogil:
+    """Whether what events[event] was recorded after has run (event DRAINED: all that is queued on the call's
+    streams): 0, NOT_READY not yet, or the CUresult it failed with."""
+    cdef int error
+    if event != DRAINED:
+        return cu_event_query(cuda.events[event])
+    error = cu_stream_query(cuda.to_host)
+    if error == 0 and cuda.to_device != cuda.to_host:
+        error = cu_stream_query(cuda.to_device)
+    return error
 
 
 # ---- GPU pairs (hfr/_node_call.pyx's terms): a rank's pushes into its partner's boxes, the add of the pair ----

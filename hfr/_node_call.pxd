@@ -61,7 +61,7 @@ cpdef enum Outcome:  # of run(); a WAIT_ outcome is a wait that timed out (the e
     # one a schedule on the rail that did not finish (the schedule says why)
     DONE, MISMATCH, NO_MEMORY, WAIT_CALL, WAIT_RESULT_SLOT, WAIT_ARRIVED, WAIT_PREVIOUS_RESULT, WAIT_REDUCED
     VOTE_STOPPED, RAIL_STOPPED, MISMATCH_SPENT, CUDA_FAILED  # CUDA_FAILED: a staged call's copy (cuda_failure)
-    WAIT_INPUT_SLOT, WAIT_PARTNER
+    WAIT_INPUT_SLOT, WAIT_PARTNER, WAIT_DEVICE
 
 
 cdef struct Node:  # the segment, as this rank sees it, and how this rank works on it

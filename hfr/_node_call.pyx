@@ -58,7 +58,8 @@ waits for before ARRIVED. Copy out queues out's part of the result and an event 
 that event: the rank publishes it as chunk c + STAGES begins (before that chunk's waits, which may need the
 others' CONSUMED of chunk c), and at the call's end, which thus waits for every copy. A whole call reduces
 out's part into staging, a page-locked buffer of this rank's, and copies it out from there. A call that stops
-waits for the copies it queued before it returns, so that none touches x or out after.
+waits for the copies it queued before it returns, so that none touches x or out after (within the timeout:
+a stream held up by a GPU pair partner that never pushed is left as it is).
 Ranks whose GPUs pair (hfr/pairs.py) add each chunk's halves on the device before half of it crosses PCIe:
 the GPU pairs section below says how.
 With one rank a node, a host array's allreduce of several chunks makes each chunk's result in out itself
@@ -70,8 +71,9 @@ from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
-from hfr._cuda cimport (CALL_EVENTS, LINKED, NO_LINK, PAIR_EVENTS, PAIR_OPS, UNLINKED, Cuda, Device, PairRecord,
-                        after_partner, drain, enter, leave, link, order, pair_add, push, record, record_pushed, wait)
+from hfr._cuda cimport (CALL_EVENTS, DRAINED, LINKED, NO_LINK, NOT_READY, PAIR_EVENTS, PAIR_OPS, UNLINKED, Cuda,
+                        Device, PairRecord, after_partner, enter, leave, link, order, pair_add, push, ran, record,
+                        record_pushed)
 from hfr._cuda cimport copy as cuda_copy
 
 from hfr._internode cimport INTERRUPTED as RAIL_INTERRUPTED
@@ -81,7 +83,7 @@ from hfr._internode cimport Schedule, advance_fn, poll
 from hfr._kernels cimport CACHED, STORES_BY_SIZE, STREAMED, Kind, Stores, copy_nogil, kernel_kind, op_code, reduce_nogil
 from hfr._simd cimport BF16, F32, F64, FP16, I8, I32, I64, MAX, MIN, PROD, SUM, U8, U32, U64
 from hfr._spin cimport counters_reached, gone_row
-from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_now, raise_pending, signal_raised
+from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_idle, hfr_now, raise_pending, signal_raised
 
 from hfr._cuda import error_text
 from hfr.ops import Op, combining
@@ -175,6 +177,7 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     bint pairable  # staged: this rank can pair the call (_pairable), as its descriptor row says (PAIRABLE)
     bint paired  # this rank and its partner pair the call (both pairable: _pair_up)
     bint pairs_out  # paired, and the pair passes each other its half of the result (an allreduce)
+    bint stalled  # staged: _until_ran's wait timed out or was interrupted (our streams may never drain)
     bint halved  # some pair of the node is paired in the call: its chunks have a middle (Node.halves)
 
 
@@ -297,9 +300,9 @@ cdef class NodeCall:
 
     @property
     def late_wait(self) -> tuple:
-        """(counter column, target, gone, only) of the last wait that timed out (a WAIT_ outcome's): gone is
-        the local rank whose CLOSING word ended it before the timeout, or -1; only the one local rank it
-        waited for (a GPU pair's partner), or -1: every rank."""
+        """(counter column, target, gone, only) of the last wait that timed out (a WAIT_ outcome's): column -1
+        for a wait on the device (WAIT_DEVICE); gone is the local rank whose CLOSING word ended it before the
+        timeout, or -1; only the one local rank it waited for (a GPU pair's partner), or -1: every rank."""
         return self.node.late_column, self.node.late_target, self.node.gone_rank, self.node.late_only
 
     def wait_all(self, Py_ssize_t column, int64_t target) -> bool:
@@ -377,7 +380,7 @@ cdef class NodeCall:
         p.itemsize, p.kind, p.code = itemsize, kind, code
         p.divisor = self.size if avg else 1
         p.cuda, p.staging, p.consumed, p.cuda_error = cuda, staging, 0, 0
-        p.pairable = p.paired = p.pairs_out = p.halved = False
+        p.pairable = p.paired = p.pairs_out = p.halved = p.stalled = False
         p.marks, p.mark_rows = self.marks, self.mark_rows
         _stores(&p, self.node.local_size, self.cache_bytes)
         p.first_chunk, p.calls_done, p.column = self.chunks_done, self.calls_done, _descriptor_column(self.calls_done)
@@ -423,7 +426,8 @@ WAITED_FOR = {WAIT_CALL: "the node's ranks to make the call",
               WAIT_ARRIVED: "the node's ranks to copy their data in",
               WAIT_PREVIOUS_RESULT: "the previous result to be copied out",
               WAIT_REDUCED: "the node's ranks to finish their slices",
-              WAIT_PARTNER: "the GPU pair partner to pass its half"}
+              WAIT_PARTNER: "the GPU pair partner to pass its half",
+              WAIT_DEVICE: "the device to run our copies (in a paired call, after the GPU pair partner's pushes)"}
 
 _CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current (its events and streams, the first time)",
                CUDA_ORDER: "ordering the copies after the caller's stream", CUDA_COPY_IN: "copying x to the host",
@@ -647,17 +651,52 @@ cdef int _retire(Node* node, Plan* p, int64_t until) noexcept nogil:
     """Staged: CONSUMED up to `until` (chunk g's is g + 1) once our copies out of the call's chunks before it
     have run (the others publish it as they copy out). Chunk g retires chunk g - STAGES as it begins,
     before it waits for anyone: a rank that held it back while it waited for ARRIVED could wait for a
-    rank that waits for it. WAITED or CUDA_FAILED."""
-    cdef int error
+    rank that waits for it. WAITED or what stopped it (_until_ran)."""
     if p.cuda == NULL or p.first_chunk + p.consumed >= until:
         return WAITED
     # the copies out run in order on one stream: once the last one's event is done, so are the others
-    error = wait(p.cuda, OUT_EVENTS + (until - 1) % STAGES)
-    if error:
-        return _cuda_failed(p, error, CUDA_COPY_OUT)
+    cdef int waited = _until_ran(node, p, OUT_EVENTS + (until - 1) % STAGES, CUDA_COPY_OUT)
+    if waited != WAITED:
+        return waited
     p.consumed = until - p.first_chunk
     _publish(node, CONSUMED, until)
     return WAITED
+
+
+cdef int _ran_within(Node* node, Cuda* cuda, int event, bint signals) noexcept nogil:
+    """Poll until what our events[event] was recorded after has run (DRAINED: all the call's streams hold):
+    0, or the CUresult it failed with; NOT_READY once the timeout passes first; where `signals`, INTERRUPTED
+    if a signal handler raised meanwhile. A poll, as every wait of the call: the driver's blocking wait would
+    outlive the timeout and Ctrl-C where a stream waits on a GPU pair partner's push that never runs."""
+    cdef double start = hfr_now(), looked = start, now
+    cdef int error
+    while True:
+        error = ran(cuda, event)
+        now = hfr_now()
+        if error != NOT_READY or now - start > node.timeout:
+            return error
+        if signals and now - looked > HFR_SIGNAL_CHECK_S:
+            looked = now
+            if signal_raised():
+                return INTERRUPTED
+        hfr_idle(now - start)
+
+
+cdef int _until_ran(Node* node, Plan* p, int event, CudaStep step) noexcept nogil:
+    """WAITED once what our events[event] was recorded after has run; CUDA_FAILED (step) where it failed;
+    INTERRUPTED, or WAIT_DEVICE where the timeout passed first, with p.stalled (our streams may never
+    drain): in a paired call they wait on the partner's pushes (after_partner), so late_wait names it."""
+    cdef int error = _ran_within(node, p.cuda, event, True)
+    if error == 0:
+        return WAITED
+    if error != NOT_READY and error != INTERRUPTED:
+        return _cuda_failed(p, error, step)
+    p.stalled = True
+    if error == INTERRUPTED:
+        return INTERRUPTED
+    node.late_column, node.late_target, node.gone_rank = -1, 0, -1
+    node.late_only = node.partner if p.paired else -1
+    return WAIT_DEVICE
 
 
 cdef inline int _cuda_failed(Plan* p, int error, CudaStep step) noexcept nogil:
@@ -675,12 +714,13 @@ cdef inline char* _own(Node* node, Plan* p, int64_t g, Py_ssize_t first) noexcep
 cdef int _arrive(Node* node, Plan* p, int64_t g) noexcept nogil:
     """ARRIVED for chunk g (staged, once our copies in ran), then wait for every rank's, and for the result
     slot's last chunk to be copied out."""
-    cdef int error = wait(p.cuda, IN_EVENTS + g % STAGES) if p.cuda != NULL and p.deposits else 0
-    if error:
-        return _cuda_failed(p, error, CUDA_COPY_IN)
+    cdef int waited = _until_ran(node, p, IN_EVENTS + g % STAGES, CUDA_COPY_IN) if p.cuda != NULL and p.deposits \
+        else WAITED
+    if waited != WAITED:
+        return waited
     _mark(p, g - p.first_chunk, MARK_COPIED_IN)
     _publish(node, ARRIVED, g + 1)
-    cdef int waited = _wait_all(node, ARRIVED, g + 1, WAIT_ARRIVED)
+    waited = _wait_all(node, ARRIVED, g + 1, WAIT_ARRIVED)
     if waited == WAITED:
         waited = _wait_all(node, CONSUMED, g - STAGES + 1, WAIT_PREVIOUS_RESULT)
     hfr_fence()
@@ -928,7 +968,8 @@ cdef int _pair_out(Node* node, Plan* p, int64_t g, char* result, Py_ssize_t firs
 
 cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
     """_run of a staged call, the device's context current throughout, ended once every copy it queued ran:
-    at the end, CONSUMED once the last copies out ran; where it stopped, whatever the copies' fate."""
+    at the end, CONSUMED once the last copies out ran; where it stopped, whatever the copies' fate, unless
+    our streams stalled (p.stalled: waiting longer would not end)."""
     cdef int error = enter(p.cuda)
     cdef int outcome
     if error:
@@ -942,8 +983,8 @@ cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
             outcome = _cuda_failed(p, error, CUDA_PAIR_LINK) if error else _run(node, p, vote)
     if outcome == DONE and _retire(node, p, p.first_chunk + p.nchunks) != WAITED:
         outcome = CUDA_FAILED
-    if outcome != DONE and not error:
-        drain(p.cuda)
+    if outcome != DONE and not error and not p.stalled:
+        _ran_within(node, p.cuda, DRAINED, False)
     leave(p.cuda)
     return outcome
 

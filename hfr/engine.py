@@ -508,7 +508,9 @@ class Engine:
 
     def _laggards(self, column: int, target: int, only: int = -1) -> list[int]:
         """The ranks (in comm) of this node whose counter in column is still below target (of local rank only,
-        where it is not -1)."""
+        where it is not -1); column -1 (a wait on the device, not a counter): local rank only, if any."""
+        if column < 0:
+            return [self.layout.node_ranks[only]] if only >= 0 else []
         self.segment.sync()
         late = np.flatnonzero(self.segment.control[:, column] < target)
         return [self.layout.node_ranks[j] for j in late if only < 0 or j == only]

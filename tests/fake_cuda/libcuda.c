@@ -1,13 +1,15 @@
 /* A stand-in for the CUDA driver (libcuda.so.1) on machines without a GPU, for tests/test_staged.py:
  * "device" memory is host memory. It checks what hfr/_cuda.pyx promises: a copy is queued with the device's
  * primary context current (else it aborts the process), and every push is popped (fake_depth). A copy
- * between host and device runs late, as a GPU's may: only when its stream is synchronized, or an event
- * recorded after it is waited for, so a reader that does not wait finds the bytes from before. Copies
+ * between host and device runs late, as a GPU's may: only once its stream, or an event recorded after it, is
+ * found done (queried), so a reader that does not wait finds the bytes from before. Copies
  * between device buffers and kernels run as they are queued, after their stream's earlier copies: another
  * process (a GPU pair's partner) may read what they wrote as soon as it learns they were queued, and its
  * waits on our events have nothing to wait for. cuMemAlloc's memory is a memfd another process maps by its
  * IPC handle; the only kernels are hfr/pairs.py's adds, run on the host by name. FAKE_CUDA_FAIL_AT=N fails
- * this process's Nth copy, FAKE_CUDA_FAIL_LAUNCH=N its Nth kernel launch, with CUDA_ERROR_ILLEGAL_ADDRESS. */
+ * this process's Nth copy, FAKE_CUDA_FAIL_LAUNCH=N its Nth kernel launch, with CUDA_ERROR_ILLEGAL_ADDRESS;
+ * FAKE_CUDA_PARTNER_STALLS=1 makes a stream that waits on another process's event never run on (a GPU pair
+ * partner whose push never runs): what is recorded on it after is never done. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -19,15 +21,21 @@
 #include <unistd.h>
 #pragma GCC diagnostic ignored "-Wunused-parameter"  /* the driver's signatures, of which a fake uses a part */
 
-enum { ILLEGAL_ADDRESS = 700, INVALID_CONTEXT = 201, STREAMS = 16, QUEUED = 256 };
+enum { ILLEGAL_ADDRESS = 700, INVALID_CONTEXT = 201, NOT_READY = 600, STREAMS = 16, QUEUED = 256 };
 static int primary[16];  /* a device's primary context is the address of its entry */
 static __thread void *current = NULL, *stack[16];
 static __thread int depth = 0;
 static int copies = 0, launches = 0;
 
 struct copy { void *dst; const void *src; size_t nbytes; };
-struct stream { uintptr_t handle; int used; long queued, ran; struct copy ring[QUEUED]; };
-struct event { struct stream *stream; long after; };  /* the copies queued on stream before it, in number */
+struct stream { uintptr_t handle; int used, stalled; long queued, ran; struct copy ring[QUEUED]; };
+struct event {
+    struct stream *stream;
+    long after;  /* the copies queued on stream before it, in number */
+    int stalled;  /* recorded on a stalled stream */
+};
+enum { OPENED = 64 };
+static void *opened[OPENED];  /* the events opened by an IPC handle (a partner's); the fake cupy's are no struct event */
 static struct stream streams[STREAMS];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -77,12 +85,12 @@ static int copy(void *dst, const void *src, size_t nbytes, uintptr_t handle) {
 }
 int cuMemcpyDtoHAsync_v2(void *dst, uintptr_t src, size_t nbytes, uintptr_t stream) { return copy(dst, (void *)src, nbytes, stream); }
 int cuMemcpyHtoDAsync_v2(uintptr_t dst, const void *src, size_t nbytes, uintptr_t stream) { return copy((void *)dst, src, nbytes, stream); }
-int cuStreamSynchronize(uintptr_t handle) {
+int cuStreamQuery(uintptr_t handle) {
     pthread_mutex_lock(&lock);
     struct stream *s = stream_of(handle);
-    run_until(s, s->queued);
+    if (!s->stalled) run_until(s, s->queued);
     pthread_mutex_unlock(&lock);
-    return 0;
+    return s->stalled ? NOT_READY : 0;
 }
 int cuStreamCreate(uintptr_t *handle, unsigned int flags) {
     static uintptr_t made = 0x10000;  /* apart from the fake cupy's handles */
@@ -96,12 +104,20 @@ int cuStreamDestroy_v2(uintptr_t handle) {
     pthread_mutex_lock(&lock);
     struct stream *s = stream_of(handle);
     run_until(s, s->queued);
-    s->used = 0;
+    s->used = s->stalled = 0;
     pthread_mutex_unlock(&lock);
     return 0;
 }
-/* The caller's work on a fake cupy stream is done as it is queued: a wait for it has nothing to wait for. */
-int cuStreamWaitEvent(uintptr_t handle, void *event, unsigned int flags) { in_context("a stream's wait"); return 0; }
+/* The caller's work on a fake cupy stream is done as it is queued, as a partner's pushes are: a wait for either
+ * has nothing to wait for, but where FAKE_CUDA_PARTNER_STALLS says the partner's never runs. */
+int cuStreamWaitEvent(uintptr_t handle, void *event, unsigned int flags) {
+    in_context("a stream's wait");
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < OPENED; i++)
+        if (event && opened[i] == event && getenv("FAKE_CUDA_PARTNER_STALLS")) stream_of(handle)->stalled = 1;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
 int cuEventCreate(void **event, unsigned int flags) {
     in_context("an event");
     *event = calloc(1, sizeof(struct event));
@@ -112,17 +128,25 @@ int cuEventRecord(void *event, uintptr_t handle) {
     struct event *e = event;
     e->stream = stream_of(handle);
     e->after = e->stream->queued;
+    e->stalled = e->stream->stalled;
     pthread_mutex_unlock(&lock);
     return 0;
 }
-int cuEventSynchronize(void *event) {
+int cuEventQuery(void *event) {
     struct event *e = event;
     pthread_mutex_lock(&lock);
-    if (e->stream) run_until(e->stream, e->after > e->stream->ran ? e->after : e->stream->ran);
+    if (e->stream && !e->stalled) run_until(e->stream, e->after > e->stream->ran ? e->after : e->stream->ran);
     pthread_mutex_unlock(&lock);
+    return e->stalled ? NOT_READY : 0;
+}
+int cuEventDestroy_v2(void *event) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < OPENED; i++)
+        if (opened[i] == event) opened[i] = NULL;
+    pthread_mutex_unlock(&lock);
+    free(event);
     return 0;
 }
-int cuEventDestroy_v2(void *event) { free(event); return 0; }
 int cuGetErrorName(int error, const char **text) { *text = error == ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS" : "CUDA_ERROR_UNKNOWN"; return 0; }
 int cuGetErrorString(int error, const char **text) { *text = "an illegal memory access was encountered (fake)"; return 0; }
 /* ---- what a GPU pair uses: device memory another process maps, copies between device buffers, the add ---- */
@@ -208,7 +232,14 @@ int cuIpcCloseMemHandle(uintptr_t at) {
     return 0;
 }
 int cuIpcGetEventHandle(ipc_handle *handle, void *event) { memset(handle, 0, sizeof *handle); return 0; }
-int cuIpcOpenEventHandle(void **event, ipc_handle handle) { *event = calloc(1, sizeof(struct event)); return 0; }
+int cuIpcOpenEventHandle(void **event, ipc_handle handle) {
+    *event = calloc(1, sizeof(struct event));
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < OPENED && *event; i++)
+        if (!opened[i]) { opened[i] = *event; break; }
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
 int cuMemcpyDtoDAsync_v2(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t handle) {
     if (failing(&copies, "FAKE_CUDA_FAIL_AT")) return ILLEGAL_ADDRESS;
     in_context("a device copy");

@@ -2,8 +2,9 @@
 driver and CuPy (tests/test_staged.py): the pairs formed, every dtype and op of allreduce against a float64
 reference, the same bits on every rank and for another chunk size, reduce_scatter and reduce, a call whose
 rank 0 holds a host array. On the fake, argv[1] "launch" or "push" then fails rank 0's first add kernel, or its
-first push to its partner: the communicator breaks on rank 0 naming the step, at once on its node, and a
-new communicator's calls are right.
+first push to its partner: the communicator breaks on rank 0 naming the step, at once on its node; "stall"
+makes rank 0's streams stall behind its partner's pushes (as where the partner's never run): rank 0 times
+out naming its partner, and its node within moments. Then a new communicator's calls are right.
 """
 import ctypes
 import os
@@ -130,28 +131,36 @@ if sys.argv[1] != "push":  # HFR_PAIRS=auto (the default): ranks of one device p
         auto.close()
         os.environ.pop("CUDA_MPS_PIPE_DIRECTORY", None)
 
-if fake:  # a failure in the pair's steps: rank 0's first add kernel, or its first push (its call's first copy)
-    comm = communicator(timeout=3)
+FAILING = {"launch": "FAKE_CUDA_FAIL_LAUNCH", "push": "FAKE_CUDA_FAIL_AT", "stall": "FAKE_CUDA_PARTNER_STALLS"}
+if fake:  # a failure in the pair's steps: rank 0's first add kernel, its first push (its call's first copy), or
+    # its streams stalled behind its partner's pushes
+    timeout = 3
+    comm = communicator(timeout=timeout)
     host, rows = inputs(np.float32, 300007)
+    stall = sys.argv[1] == "stall"
     if rank == 0 and comm.local_size > 1:
-        failing = "FAKE_CUDA_FAIL_LAUNCH" if sys.argv[1] == "launch" else "FAKE_CUDA_FAIL_AT"
-        os.environ[failing] = str((driver.fake_launches() if sys.argv[1] == "launch" else driver.fake_copies()) + 1)
+        os.environ[FAILING[sys.argv[1]]] = "1" if stall else str(
+            (driver.fake_launches() if sys.argv[1] == "launch" else driver.fake_copies()) + 1)
     start = time.monotonic()
     try:
         got = comm.allreduce(cupy.asarray(host))
-    except hfr.HFRTimeoutError:  # another node's rank
-        assert 0 not in comm._engine.layout.node_ranks, "waited for rank 0 to the timeout"
+    except hfr.HFRTimeoutError as error:
+        if 0 in comm._engine.layout.node_ranks:  # rank 0 waited for its partner (rank 1), its node for rank 0
+            assert stall, f"waited for rank 0 to the timeout: {error}"
+            waited_for = "the device to run our copies" if rank == 0 else ""
+            assert waited_for in str(error) and f"ranks [{1 if rank == 0 else 0}]" in str(error), error
     except hfr.HFRError as error:
         if rank == 0:
             assert "CUDA_ERROR_ILLEGAL_ADDRESS" in str(error) and "adding the GPU pair's halves" in str(error), error
         else:
             assert "rank 0 of this node failed before it came" in str(error), error
-            assert time.monotonic() - start < 2, f"{time.monotonic() - start:.1f} s after rank 0's failure"
+            after = time.monotonic() - start - (timeout if stall else 0)
+            assert after < 2, f"{after:.1f} s after rank 0's failure"
     else:
         assert comm.local_size == 1, "a call ran though rank 0's pair step failed"
         close_to(cupy.asnumpy(got), reference(rows, np.float32, "sum"), np.float32, "no pair: no failure")
-    os.environ.pop("FAKE_CUDA_FAIL_LAUNCH", None)
-    os.environ.pop("FAKE_CUDA_FAIL_AT", None)
+    for variable in FAILING.values():
+        os.environ.pop(variable, None)
     assert driver.fake_depth() == 0
     comm.close()
     world.Barrier()
