@@ -76,9 +76,10 @@ expect = [(r, r + 1) for r in comm._engine.layout.node_ranks[:comm.local_size //
 assert comm.pairs == expect, (rank, comm.pairs, expect)
 other = communicator(chunk_bytes=64 << 10)  # the same bits for another chunk size
 launches = driver.fake_launches() if fake else 0
+every = sys.argv[1] in ("none", "launch")  # the other failures' runs check float32 sums (launch's run, all)
 for count in (1, 7, 1025, 30001, 300007):  # one chunk (the smallest with an empty half), five chunks
-    for dtype in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int32, np.int8):
-        for op in ("sum", "avg", "max", "min", "prod"):
+    for dtype in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int32, np.int8)[:None if every else 1]:
+        for op in ("sum", "avg", "max", "min", "prod")[:None if every else 1]:
             if op == "avg" and np.dtype(dtype).kind == "i":
                 continue
             host, rows = inputs(dtype, count)
