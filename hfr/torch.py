@@ -202,9 +202,10 @@ class _Work(dist.Work):
 # ------------------------------------------------------------------------------------- the backend
 # torch's reduce ops that hfr does; the others (BAND, BOR, BXOR, PREMUL_SUM) go to the gloo group.
 # Keyed by RedOpType's value: pybind11's enums hash and compare in Python (a lookup by member: ~0.6 us).
-_OPS = {op.value: ours for op, ours in ((dist.ReduceOp.SUM, Op.SUM), (dist.ReduceOp.AVG, Op.AVG),
-                                         (dist.ReduceOp.MAX, Op.MAX), (dist.ReduceOp.MIN, Op.MIN),
-                                         (dist.ReduceOp.PRODUCT, Op.PROD))}
+# torch's ops and hfr's, SUM first: a call's ReduceOp is compared with each in turn (== runs in C++; reading its
+# op's value, as a key, costs twice the whole lookup)
+_OPS = ((dist.ReduceOp.SUM, Op.SUM), (dist.ReduceOp.AVG, Op.AVG), (dist.ReduceOp.MAX, Op.MAX),
+        (dist.ReduceOp.MIN, Op.MIN), (dist.ReduceOp.PRODUCT, Op.PROD))
 # What hfr does not do goes to gloo, under torch's own method names (those this torch has).
 _TO_GLOO = ("alltoall", "alltoall_base", "all_to_all_single", "send", "recv", "recv_anysource", "gather", "scatter",
             "allgather_coalesced", "monitored_barrier")
@@ -358,7 +359,13 @@ class ProcessGroupHFR(dist.ProcessGroup):
     @staticmethod
     def _op(opts: Any) -> Optional[Op]:
         """hfr's op for the options' reduceOp (a ReduceOp; SUM without options), None for one it does not do."""
-        return Op.SUM if opts is None else _OPS.get(opts.reduceOp.op.value)
+        if opts is None:
+            return Op.SUM
+        reduce_op = opts.reduceOp
+        for theirs, ours in _OPS:
+            if reduce_op == theirs:
+                return ours
+        return None
 
     def _root(self, opts: Any) -> int:
         return 0 if opts is None else opts.rootRank
