@@ -58,6 +58,12 @@ from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
+cdef extern from *:
+    """
+    static inline long long hfr_rail_load(const long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    """
+    long long hfr_rail_load(const long long* p) nogil
+
 cimport numpy as cnp
 from hfr._kernels cimport STORES_BY_SIZE, Kind, kernel_kind, op_code, reduce_nogil
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_idle, hfr_now, raise_pending, signal_raised
@@ -71,7 +77,7 @@ from mpi4py import MPI
 cnp.import_array()
 
 __all__ = ["TreePipeline", "Doubling", "Ring", "Collective", "CollectiveKind", "ring_scratch_elements",
-           "tree_scratch_bytes", "BLOCKS_IN_FLIGHT", "VOTE_RECORD_WORDS"]
+           "tree_scratch_bytes", "BLOCKS_IN_FLIGHT", "VOTE_RECORD_WORDS", "ABSENT_REPORT_TAG"]
 
 cdef enum:
     IN_FLIGHT = 4  # blocks per tree between two stages (with 1 MiB blocks 4 and 8 measured alike)
@@ -85,6 +91,7 @@ ctypedef int (*irecv_fn)(void* buf, int count, uintptr_t datatype, int source, i
                          Request* request) noexcept nogil
 ctypedef int (*test_fn)(Request* request, int* flag, uint64_t* status) noexcept nogil
 ctypedef int (*cancel_fn)(Request* request) noexcept nogil  # also MPI_Request_free's signature
+ctypedef int (*iprobe_fn)(int source, int tag, uintptr_t comm, int* flag, uint64_t* status) noexcept nogil
 ctypedef int (*iallreduce_fn)(const void* sendbuf, void* recvbuf, int count, uintptr_t datatype, uintptr_t op,
                               uintptr_t comm, Request* request) noexcept nogil
 ctypedef int (*ireduce_fn)(const void* sendbuf, void* recvbuf, int count, uintptr_t datatype, uintptr_t op, int root,
@@ -97,6 +104,8 @@ cdef irecv_fn mpi_irecv
 cdef test_fn mpi_test
 cdef cancel_fn mpi_cancel
 cdef cancel_fn mpi_request_free
+cdef iprobe_fn mpi_iprobe
+cdef int mpi_any_source
 cdef iallreduce_fn mpi_iallreduce
 cdef ireduce_fn mpi_ireduce
 cdef iallgather_fn mpi_iallgather
@@ -107,7 +116,7 @@ def _bind_mpi() -> None:
     """Look MPI's functions up in the library mpi4py loaded (dlsym through mpi4py's extension searches
     its dependencies, libmpi among them)."""
     global mpi_isend, mpi_irecv, mpi_test, mpi_cancel, mpi_request_free, mpi_iallreduce, mpi_ireduce, mpi_iallgather
-    global mpi_in_place
+    global mpi_in_place, mpi_iprobe, mpi_any_source
     lib = ctypes.CDLL(MPI.__file__)
 
     cdef uintptr_t isend = ctypes.cast(lib.MPI_Isend, ctypes.c_void_p).value
@@ -117,6 +126,8 @@ def _bind_mpi() -> None:
     cdef uintptr_t request_free = ctypes.cast(lib.MPI_Request_free, ctypes.c_void_p).value
     mpi_isend, mpi_irecv, mpi_test, mpi_cancel = <isend_fn>isend, <irecv_fn>irecv, <test_fn>test, <cancel_fn>cancel
     mpi_request_free = <cancel_fn>request_free
+    cdef uintptr_t iprobe = ctypes.cast(lib.MPI_Iprobe, ctypes.c_void_p).value
+    mpi_iprobe, mpi_any_source = <iprobe_fn>iprobe, int(MPI.ANY_SOURCE)
     cdef uintptr_t iallreduce = ctypes.cast(lib.MPI_Iallreduce, ctypes.c_void_p).value
     cdef uintptr_t ireduce = ctypes.cast(lib.MPI_Ireduce, ctypes.c_void_p).value
     cdef uintptr_t iallgather = ctypes.cast(lib.MPI_Iallgather, ctypes.c_void_p).value
@@ -128,6 +139,7 @@ def _bind_mpi() -> None:
 _bind_mpi()
 BLOCKS_IN_FLIGHT = IN_FLIGHT
 VOTE_RECORD_WORDS = VOTE_WORDS
+ABSENT_REPORT_TAG = ABSENT_TAG
 
 
 ctypedef struct Flow:  # one tree's blocks, moving up and/or down
@@ -268,8 +280,10 @@ cdef inline bint _done(Flow* f) noexcept nogil:
 
 cdef bint poll(advance_fn advance, void* state, Call* c, double deadline) noexcept nogil:
     """Advance until done (True), an MPI call fails (c.error), a signal handler raises (c.error
-    INTERRUPTED) or deadline passes (False). Between polls that move nothing, hfr_idle; pending signals
-    are looked at every HFR_SIGNAL_CHECK_S."""
+    INTERRUPTED), a rail peer reports that it broke (c.error PEER_FAILED: the steps that wait for it never
+    end), a rank of our node broke (c.error NODE_PEER_FAILED, where c.watch) or deadline passes (False).
+    Between polls that move nothing, hfr_idle; pending signals, reports and c.watch's words are looked at
+    every HFR_SIGNAL_CHECK_S."""
     cdef double last_progress = hfr_now(), last_signal_check = last_progress, now
     cdef bint done = False, moved
     cdef Py_ssize_t i
@@ -293,7 +307,31 @@ cdef bint poll(advance_fn advance, void* state, Call* c, double deadline) noexce
             if signal_raised():
                 c.error = INTERRUPTED
                 return False
+            if _peer_failed(c):
+                c.error = PEER_FAILED
+                return False
+            if _node_peer_failed(c):
+                c.error = NODE_PEER_FAILED
+                return False
         hfr_idle(now - last_progress)
+
+
+cdef bint _peer_failed(Call* c) noexcept nogil:
+    """Whether a rail peer's report that it broke (hfr/internode.py's report_absent) waits to be received."""
+    cdef int flag = 0
+    cdef uint64_t status[STATUS_WORDS]
+    _failed(mpi_iprobe(mpi_any_source, ABSENT_TAG, c.comm, &flag, status), c)
+    return flag != 0
+
+
+cdef bint _node_peer_failed(Call* c) noexcept nogil:
+    """Whether a word c.watch watches reads c.watch_broken."""
+    cdef int r
+    if c.watch != NULL:
+        for r in range(c.watch_rows):
+            if hfr_rail_load(c.watch + r * c.watch_stride) == c.watch_broken:
+                return True
+    return False
 
 
 cdef class Schedule:
@@ -313,6 +351,7 @@ cdef class Schedule:
         self.call.byte = MPI._handleof(MPI.BYTE)
         self.call.error = 0
         self.call.unheld, self.call.nunheld = NULL, 0
+        self.call.watch = NULL
 
     def zero_unheld(self, cnp.ndarray ranges not None) -> None:
         """Zero buf's bytes [a, b) for each row (a, b) of ranges (int64) as polling starts: what this rank
@@ -340,12 +379,22 @@ cdef class Schedule:
         self.raise_error()
         return done
 
+    @property
+    def peer_failed(self) -> bool:
+        """Whether a rail peer's report that it broke stopped the schedule (hfr/internode.py's stopped)."""
+        return self.call.error == PEER_FAILED
+
+    @property
+    def node_peer_failed(self) -> bool:
+        """Whether a rank of our node that broke stopped the schedule (Call.watch)."""
+        return self.call.error == NODE_PEER_FAILED
+
     def raise_error(self) -> None:
         """Raise what stopped the schedule, if an MPI call failed (MPI.Exception) or the kernel had no
-        memory (MemoryError); nothing if it finished or ran out of time."""
+        memory (MemoryError); nothing if it finished, ran out of time or a peer (of the rail or the node) failed."""
         if self.call.error == NO_MEMORY:
             raise MemoryError("hfr: no memory for the kernel's scratch tiles")
-        if self.call.error:
+        if self.call.error and self.call.error not in (PEER_FAILED, NODE_PEER_FAILED):
             raise MPI.Exception(self.call.error)
 
     cdef void _cancel(self, Request* request):

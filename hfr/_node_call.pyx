@@ -231,10 +231,14 @@ cdef inline Py_ssize_t _edge(Py_ssize_t count, int parts, int j, Py_ssize_t alig
 
 
 
-cdef void _rail_of(Schedule schedule, Rail* rail):
+cdef void _rail_of(Node* node, Schedule schedule, Rail* rail):
+    """The schedule as the chunk loop polls it, stopping where a rank of our node broke (its CLOSING word
+    BROKEN: the node cannot finish the call)."""
     rail.advance = NULL
     if schedule is not None:
         rail.advance, rail.state, rail.call = schedule.advance, schedule.state, &schedule.call
+        schedule.call.watch, schedule.call.watch_stride = node.control + CLOSING, node.row_words
+        schedule.call.watch_rows, schedule.call.watch_broken = node.local_size, BROKEN
 
 
 cdef int _run_rail(Node* node, Rail* rail, int stopped) noexcept nogil:
@@ -386,7 +390,7 @@ cdef class NodeCall:
         p.first_chunk, p.calls_done, p.column = self.chunks_done, self.calls_done, _descriptor_column(self.calls_done)
         p.at, p.arrived, p.counted, p.rails = 0, False, False, NULL
         cdef Rail vote_rail
-        _rail_of(vote, &vote_rail)
+        _rail_of(&self.node, vote, &vote_rail)
         if (vote is None) != (rails is None) or rails is not None and len(rails) != p.nchunks:
             raise ValueError(f"across nodes a call takes the vote and a rail per chunk ({p.nchunks}): "
                              f"vote {vote!r}, rails {rails!r}")
@@ -400,7 +404,7 @@ cdef class NodeCall:
             if p.rails == NULL:
                 raise MemoryError()
             for c in range(len(rails)):
-                _rail_of(rails[c], &p.rails[c])
+                _rail_of(&self.node, rails[c], &p.rails[c])
         cdef int outcome
         with nogil:
             outcome = _run_staged(&self.node, &p, &vote_rail) if cuda != NULL else _run(&self.node, &p, &vote_rail)

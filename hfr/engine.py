@@ -123,7 +123,8 @@ class Engine:
         self._vote_record = internode.VoteRecord() if layout.nnodes > 1 else None
         self._vote = None if layout.nnodes == 1 else internode.vote_schedule(rail_comm, self._vote_record)
         self._rail_shapes: dict[tuple, Any] = {}
-        self._report_room = max(layout.local_size, layout.nnodes)  # ranks in one report of who never came
+        self._report_room = max(layout.local_size, layout.nnodes)  # ranks in one report of whom a rank blames
+        self._reported = False  # whether this rank told its rail that its communicator broke (_report)
         self._rail_scratch = np.empty(0, np.uint8)
         self._cuda: Optional[CudaCopies] = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -270,6 +271,7 @@ class Engine:
         wrap = isinstance(failure, Exception) and not isinstance(failure, HFRError)  # not Ctrl-C
         self.front.broken = error = _as_hfr_error(failure, call, self.layout) if wrap else failure
         self._publish(CLOSING, TIMED_OUT if isinstance(error, HFRTimeoutError) else BROKEN)
+        self._report([self.layout.rank], isinstance(error, HFRTimeoutError))  # other nodes' waits end now
         return error
 
     def front_failed(self, x: Any, op: Any, out: Any, ended: Any, vote, rails) -> BaseException:
@@ -424,21 +426,33 @@ class Engine:
                 self.segment.sync()
                 how = "failed" if self.segment.control[gone, CLOSING] == BROKEN else "closed its communicator"
                 rank = self.layout.node_ranks[gone]
-                internode.report_absent(self.rail_comm, [rank], self._report_room)
+                self._report([rank], False)
                 raise HFRError(f"{what}: rank {rank} of this node {how} before it came")
             raise self._timed_out(what, self._laggards(column, target, only))
         if outcome == Outcome.MISMATCH_SPENT:  # every rank of the node ended chunk g with no result
             outcome = Outcome.MISMATCH
+        if outcome in (Outcome.VOTE_STOPPED, Outcome.RAIL_STOPPED):
+            schedule = vote if outcome == Outcome.VOTE_STOPPED else rails[self._node_call.failed_chunk]
+            if schedule.node_peer_failed:  # a rank of this node broke while this one waited on the rail
+                internode.abandon(schedule)
+                self.segment.sync()
+                broken = [self.layout.node_ranks[j] for j in np.flatnonzero(self.segment.control[:, CLOSING] == BROKEN)]
+                self._report(broken, False)
+                raise HFRError(f"{call.collective}: waiting on the rail: ranks {broken} of this node failed")
         if outcome == Outcome.VOTE_STOPPED:
             try:
                 internode.stopped(self.rail_comm, vote, internode.VOTE_WHAT)
             except HFRTimeoutError as error:
                 raise self._timed_out(f"the call check ({error})", None, error.rail_peers) from None
+            except internode.RailPeersFailed as error:
+                raise self._peers_failed("the call check", error) from None
         if outcome == Outcome.RAIL_STOPPED:
             try:
                 internode.stopped(self.rail_comm, rails[self._node_call.failed_chunk], self._rail_step(call)[1])
             except HFRTimeoutError as error:
                 raise self._timed_out(f"the rail's step ({error})", None, error.rail_peers) from None
+            except internode.RailPeersFailed as error:
+                raise self._peers_failed("the rail's step", error) from None
         if outcome == Outcome.MISMATCH:
             self._raise_mismatch(call.descriptor())
         if outcome == Outcome.NO_MEMORY:
@@ -515,6 +529,24 @@ class Engine:
         late = np.flatnonzero(self.segment.control[:, column] < target)
         return [self.layout.node_ranks[j] for j in late if only < 0 or j == only]
 
+    def _report(self, blamed: list[int], timed_out: bool) -> None:
+        """Tell the rail, once, that this rank's communicator broke, and whom it blames: its rail peers' waits
+        for it end at once (internode.report_absent)."""
+        if not self._reported:
+            self._reported = True
+            internode.report_absent(self.rail_comm, blamed, self._report_room, timed_out)
+
+    def _peers_failed(self, what: str, error: internode.RailPeersFailed) -> HFRError:
+        """What a wait on the rail raises where rail peers reported that their communicators broke: where
+        every one timed out, the HFRTimeoutError of the ranks they waited for; else an HFRError naming the
+        ranks they blame. Passed on to this rank's rail (_report)."""
+        layout = self.layout
+        where = f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}): {what}"
+        self._report(error.blamed, error.timed_out)
+        if error.timed_out:
+            return HFRTimeoutError(f"{where}: ranks {error.blamed} never came (other nodes' ranks waited for them)")
+        return HFRError(f"{where}: ranks {error.blamed} of other nodes failed or closed before they came")
+
     def _timed_out(self, what: str, laggards: Optional[list[int]], rail_peers: list[int] = ()) -> HFRTimeoutError:
         """The timeout of a wait for laggards (ranks of this node), or for rail_peers (rail ranks: their
         nodes), named by the ranks that never came. Every rank that times out tells its rail whom it
@@ -523,12 +555,12 @@ class Engine:
         layout = self.layout
         who = ""
         if laggards:
-            internode.report_absent(self.rail_comm, laggards, self._report_room)
+            self._report(laggards, True)
             who = f" (still waiting for ranks {laggards})"
         elif rail_peers:
-            internode.report_absent(self.rail_comm, [layout.rail_ranks[p] for p in rail_peers], self._report_room)
+            self._report([layout.rail_ranks[p] for p in rail_peers], True)
             grace = min(ABSENT_REPORT_GRACE_S, self.timeout / 4)  # a call that times out takes at most this longer
-            reports = internode.reported_absent(self.rail_comm, rail_peers, self._report_room, grace)
+            reports = internode.reported_absent(self.rail_comm, rail_peers, grace)
             absent = sorted({r for p in rail_peers for r in reports.get(p, [layout.rail_ranks[p]]) if r != layout.rank})
             who = f" (still waiting on the rail for nodes {list(rail_peers)}: ranks {absent} never came)"
         return HFRTimeoutError(f"rank {layout.rank} (node {layout.node}, local rank {layout.local_rank}) "

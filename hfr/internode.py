@@ -55,10 +55,11 @@ from mpi4py import MPI
 
 from ._internode import BLOCKS_IN_FLIGHT, Collective, CollectiveKind, Doubling, Ring, Schedule, TreePipeline
 from ._internode import ring_scratch_elements, tree_scratch_bytes
+from ._internode import ABSENT_REPORT_TAG as _ABSENT_TAG
 from ._internode import VOTE_RECORD_WORDS as VOTE_WORDS
 from . import _wait
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
-from .errors import HFRTimeoutError
+from .errors import HFRError, HFRTimeoutError
 from .kernels import KERNEL_OPS, reduce_into
 from .ops import Op, as_dtype
 
@@ -79,7 +80,6 @@ _TREE_TAGS = [(0x4846, 0x4848), (0x4847, 0x4849)]  # (up, down) by tree; all bel
 _RING_TAG = 0x484A
 _DOUBLING_TAG = 0x484B
 _VOTE_TAG = 0x484C
-_ABSENT_TAG = 0x484D
 
 _MPI_OPS = {Op.SUM: MPI.SUM, Op.MAX: MPI.MAX, Op.MIN: MPI.MIN, Op.PROD: MPI.PROD}
 _OWN_MPI_OPS: dict[tuple[np.dtype, Op], MPI.Op] = {}  # made once per (dtype, op), never freed
@@ -228,12 +228,18 @@ def _run_in_c(rail: MPI.Comm, schedule, deadline: Optional[float], what: str) ->
 
 def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
     """Abandon a schedule that did not finish and raise why: its MPI error (MPI.Exception), MemoryError,
-    or HFRTimeoutError naming what it waits for."""
+    RailPeersFailed (the peers' reports received), or HFRTimeoutError naming what it waits for."""
     try:
         schedule.raise_error()
     except BaseException:
         abandon(schedule)
         raise
+    if schedule.peer_failed:
+        abandon(schedule)
+        reports = _reports(rail, [p for p in range(rail.Get_size()) if p != rail.Get_rank()])
+        blamed = sorted({r for _, ranks in reports.values() for r in ranks})
+        raise RailPeersFailed(f"rail rank {rail.Get_rank()}: {what}: rail ranks {sorted(reports)} broke", sorted(reports),
+                              blamed, all(timed_out for timed_out, _ in reports.values()))
     waits = "; ".join(schedule.waiting_for())
     error = HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
     error.rail_peers = tuple(schedule.awaited())  # the engine names their ranks
@@ -275,31 +281,55 @@ def abandon(*schedules) -> None:
 
 # ------------------------------------------------------------------------------- who never came
 # A rank whose call timed out waiting for ranks of its own node knows them; the ranks of other nodes that
-# wait on its node over the rail only know that the node never answered. Each tells its rail whom it
-# waited for (report_absent), and a rank that waited on a peer that reports names those ranks
-# (reported_absent) rather than the peer, which is there and waits as it does.
+# wait on its node over the rail only know that the node never answered. Every rank whose communicator
+# breaks tells its rail so, and whom it blames (report_absent): the ranks it waited for, or the rank that
+# failed (itself, or one before it). A rail peer's wait on the rail stops at the report (RailPeersFailed,
+# within a signal check's slice) and names those ranks, rather than waiting its own timeout; a rank that
+# timed out waiting on a rail peer names the ranks the peer's report names (reported_absent).
 
 
-def report_absent(rail: MPI.Comm, ranks: list[int], room: int) -> None:
-    """Tell every other rank of the rail that this rank waited in vain for ranks (at most room)."""
-    message = np.full(room, -1, np.int64)
-    message[: len(ranks)] = ranks
+class RailPeersFailed(HFRError):
+    """A schedule stopped because rail peers reported that their communicators broke (report_absent): the
+    rail_peers, the ranks they blame, and whether every one of them timed out."""
+
+    def __init__(self, message: str, rail_peers: list[int], blamed: list[int], timed_out: bool):
+        super().__init__(message)
+        self.rail_peers, self.blamed, self.timed_out = rail_peers, blamed, timed_out
+
+
+def report_absent(rail: MPI.Comm, ranks: list[int], room: int, timed_out: bool) -> None:
+    """Tell every other rank of the rail that this rank's communicator broke: it timed out waiting for ranks
+    that never came, or failed (timed_out False), ranks then those it blames (itself, or a rank that
+    failed before it); at most room ranks. A rail peer's schedule stops at it (hfr/_internode.pyx's poll):
+    this rank never takes another step."""
+    message = np.full(room + 1, -1, np.int64)
+    message[0] = timed_out
+    message[1:len(ranks) + 1] = ranks
     for peer in range(rail.Get_size()):
         if peer != rail.Get_rank():
             keep_for_good(rail.Isend(message, peer, _ABSENT_TAG), message)  # no one may ever receive it
 
 
-def reported_absent(rail: MPI.Comm, peers: list[int], room: int, grace: float) -> dict[int, list[int]]:
-    """The ranks that each of these rail peers reported absent (report_absent) within grace seconds."""
-    reports: dict[int, list[int]] = {}
+def reported_absent(rail: MPI.Comm, peers: list[int], grace: float) -> dict[int, list[int]]:
+    """The ranks that each of these rail peers blamed in its report (report_absent) within grace seconds."""
+    reports: dict[int, tuple[bool, list[int]]] = {}
     deadline = time.monotonic() + grace
     while len(reports) < len(peers) and time.monotonic() < deadline:
-        for peer in peers:
-            if peer not in reports and rail.Iprobe(peer, _ABSENT_TAG):
-                message = np.empty(room, np.int64)
-                rail.Recv(message, peer, _ABSENT_TAG)
-                reports[peer] = [int(r) for r in message if r >= 0]
+        reports.update(_reports(rail, [p for p in peers if p not in reports]))
         time.sleep(1e-3)
+    return {peer: ranks for peer, (_, ranks) in reports.items()}
+
+
+def _reports(rail: MPI.Comm, peers: list[int]) -> dict[int, tuple[bool, list[int]]]:
+    """The report (report_absent) of each of these rail peers that has sent one this rank has not received:
+    whether it timed out, and the ranks it blames."""
+    reports: dict[int, tuple[bool, list[int]]] = {}
+    status = MPI.Status()
+    for peer in peers:
+        if rail.Iprobe(peer, _ABSENT_TAG, status):
+            message = np.empty(status.Get_count(MPI.INT64_T), np.int64)
+            rail.Recv(message, peer, _ABSENT_TAG)
+            reports[peer] = (bool(message[0]), [int(r) for r in message[1:] if r >= 0])
     return reports
 
 

@@ -187,8 +187,6 @@ elif mode == "fail":
     start = time.monotonic()
     try:
         got = comm.allreduce(x)
-    except hfr.HFRTimeoutError:  # another node's rank: on the rail, or on a node peer that timed out there
-        assert 0 not in comm._engine.layout.node_ranks, "a rank waited for its node's failed rank until the timeout"
     except hfr.HFRError as error:
         assert comm._engine.front.broken is not None
         if rank == 0:
@@ -196,8 +194,10 @@ elif mode == "fail":
             assert ("copying x to the host" if step == 1 else "copying the result to the device") in str(error), error
             if step == 1:
                 assert np.array_equal(cupy.asnumpy(x), host), "a failed copy in changed x"
-        else:  # of rank 0's node, which sees its failure at once
-            assert "rank 0 of this node failed before it came" in str(error), error
+        else:  # at once: rank 0's node from its CLOSING word; other nodes from their rails, or a node peer that heard
+            named = ("rank 0 of this node failed",) if 0 in comm._engine.layout.node_ranks else \
+                ("ranks [0] of other nodes failed", "of this node failed")
+            assert any(n in str(error) for n in named) and not isinstance(error, hfr.HFRTimeoutError), error
             assert time.monotonic() - start < 2, f"{time.monotonic() - start:.1f} s after rank 0's failure"
     else:
         assert rank != 0 and step == 2, "the failing rank's call ended"  # the others were done with rank 0
