@@ -177,7 +177,7 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     bint pairable  # staged: this rank can pair the call (_pairable), as its descriptor row says (PAIRABLE)
     bint paired  # this rank and its partner pair the call (both pairable: _pair_up)
     bint pairs_out  # paired, and the pair passes each other its half of the result (an allreduce)
-    bint stalled  # staged: _until_ran's wait timed out or was interrupted (our streams may never drain)
+    bint stalled  # staged: _until_ran's wait timed out (our streams may never drain)
     bint halved  # some pair of the node is paired in the call: its chunks have a middle (Node.halves)
 
 
@@ -688,16 +688,16 @@ cdef int _ran_within(Node* node, Cuda* cuda, int event, bint signals) noexcept n
 
 cdef int _until_ran(Node* node, Plan* p, int event, CudaStep step) noexcept nogil:
     """WAITED once what our events[event] was recorded after has run; CUDA_FAILED (step) where it failed;
-    INTERRUPTED, or WAIT_DEVICE where the timeout passed first, with p.stalled (our streams may never
-    drain): in a paired call they wait on the partner's pushes (after_partner), so late_wait names it."""
+    INTERRUPTED; WAIT_DEVICE where the timeout passed first, with p.stalled (our streams may never drain):
+    in a paired call they wait on the partner's pushes (after_partner), so late_wait names it."""
     cdef int error = _ran_within(node, p.cuda, event, True)
     if error == 0:
         return WAITED
-    if error != NOT_READY and error != INTERRUPTED:
-        return _cuda_failed(p, error, step)
-    p.stalled = True
     if error == INTERRUPTED:
         return INTERRUPTED
+    if error != NOT_READY:
+        return _cuda_failed(p, error, step)
+    p.stalled = True
     node.late_column, node.late_target, node.gone_rank = -1, 0, -1
     node.late_only = node.partner if p.paired else -1
     return WAIT_DEVICE
@@ -975,7 +975,7 @@ cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
     at the end, CONSUMED once the last copies out ran; where it stopped, whatever the copies' fate, unless
     our streams stalled (p.stalled: waiting longer would not end)."""
     cdef int error = enter(p.cuda)
-    cdef int outcome
+    cdef int outcome, waited
     if error:
         outcome = _cuda_failed(p, error, CUDA_CONTEXT)
     else:
@@ -985,8 +985,9 @@ cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
         else:
             error = _pairable(node, p)
             outcome = _cuda_failed(p, error, CUDA_PAIR_LINK) if error else _run(node, p, vote)
-    if outcome == DONE and _retire(node, p, p.first_chunk + p.nchunks) != WAITED:
-        outcome = CUDA_FAILED
+    if outcome == DONE:
+        waited = _retire(node, p, p.first_chunk + p.nchunks)
+        outcome = DONE if waited == WAITED else waited
     if outcome != DONE and not error and not p.stalled:
         _ran_within(node, p.cuda, DRAINED, False)
     leave(p.cuda)

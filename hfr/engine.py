@@ -123,7 +123,6 @@ class Engine:
         self._vote_record = internode.VoteRecord() if layout.nnodes > 1 else None
         self._vote = None if layout.nnodes == 1 else internode.vote_schedule(rail_comm, self._vote_record)
         self._rail_shapes: dict[tuple, Any] = {}
-        self._report_room = max(layout.local_size, layout.nnodes)  # ranks in one report of whom a rank blames
         self._reported = False  # whether this rank told its rail that its communicator broke (_report)
         self._rail_scratch = np.empty(0, np.uint8)
         self._cuda: Optional[CudaCopies] = None
@@ -534,7 +533,7 @@ class Engine:
         for it end at once (internode.report_absent)."""
         if not self._reported:
             self._reported = True
-            internode.report_absent(self.rail_comm, blamed, self._report_room, timed_out)
+            internode.report_absent(self.rail_comm, blamed, timed_out)
 
     def _peers_failed(self, what: str, error: internode.RailPeersFailed) -> HFRError:
         """What a wait on the rail raises where rail peers reported that their communicators broke: where

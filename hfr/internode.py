@@ -234,12 +234,15 @@ def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
     except BaseException:
         abandon(schedule)
         raise
+    if schedule.node_peer_failed:  # (the engine's calls in C name the rank: _c_call_failed)
+        abandon(schedule)
+        raise HFRError(f"rail rank {rail.Get_rank()}: {what}: a rank of this node broke")
     if schedule.peer_failed:
         abandon(schedule)
         reports = _reports(rail, [p for p in range(rail.Get_size()) if p != rail.Get_rank()])
         blamed = sorted({r for _, ranks in reports.values() for r in ranks})
         raise RailPeersFailed(f"rail rank {rail.Get_rank()}: {what}: rail ranks {sorted(reports)} broke", sorted(reports),
-                              blamed, all(timed_out for timed_out, _ in reports.values()))
+                              blamed, bool(reports) and all(timed_out for timed_out, _ in reports.values()))
     waits = "; ".join(schedule.waiting_for())
     error = HFRTimeoutError(f"rail rank {rail.Get_rank()}: {what} timed out waiting for {waits}")
     error.rail_peers = tuple(schedule.awaited())  # the engine names their ranks
@@ -297,14 +300,12 @@ class RailPeersFailed(HFRError):
         self.rail_peers, self.blamed, self.timed_out = rail_peers, blamed, timed_out
 
 
-def report_absent(rail: MPI.Comm, ranks: list[int], room: int, timed_out: bool) -> None:
+def report_absent(rail: MPI.Comm, ranks: list[int], timed_out: bool) -> None:
     """Tell every other rank of the rail that this rank's communicator broke: it timed out waiting for ranks
     that never came, or failed (timed_out False), ranks then those it blames (itself, or a rank that
-    failed before it); at most room ranks. A rail peer's schedule stops at it (hfr/_internode.pyx's poll):
-    this rank never takes another step."""
-    message = np.full(room + 1, -1, np.int64)
-    message[0] = timed_out
-    message[1:len(ranks) + 1] = ranks
+    failed before it). A rail peer's schedule stops at it (hfr/_internode.pyx's poll): this rank never
+    takes another step."""
+    message = np.array([timed_out, *ranks], np.int64)
     for peer in range(rail.Get_size()):
         if peer != rail.Get_rank():
             keep_for_good(rail.Isend(message, peer, _ABSENT_TAG), message)  # no one may ever receive it
@@ -329,7 +330,7 @@ def _reports(rail: MPI.Comm, peers: list[int]) -> dict[int, tuple[bool, list[int
         if rail.Iprobe(peer, _ABSENT_TAG, status):
             message = np.empty(status.Get_count(MPI.INT64_T), np.int64)
             rail.Recv(message, peer, _ABSENT_TAG)
-            reports[peer] = (bool(message[0]), [int(r) for r in message[1:] if r >= 0])
+            reports[peer] = (bool(message[0]), [int(r) for r in message[1:]])
     return reports
 
 

@@ -147,6 +147,7 @@ if fake:  # a failure in the pair's steps: rank 0's first add kernel, its first 
         got = comm.allreduce(cupy.asarray(host))
     except hfr.HFRTimeoutError as error:  # stalled: rank 0 waited for its partner (rank 1), the others for rank 0
         assert stall, f"waited to the timeout: {error}"
+        assert time.monotonic() - start < timeout + 2, f"{time.monotonic() - start:.1f} s"
         if 0 in comm._engine.layout.node_ranks:  # (another node's, timing out as rank 0 did, may name no one)
             assert ("the device to run our copies" if rank == 0 else "") in str(error), error
             assert f"ranks [{1 if rank == 0 else 0}]" in str(error), error
