@@ -104,6 +104,7 @@ cdef extern from *:
 cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
     WAITED = -2  # a wait that reached its target
+    WATCHED_GONE = -3  # _ran_within: the rank it watched closed or broke first
 
 cdef enum Mark:  # the steps of a chunk whose end mark_steps records (STEP_MARKS names them)
     MARK_BEGIN, MARK_RETIRED, MARK_COPIED_IN, MARK_ARRIVED, MARK_REDUCED, MARK_CROSSED, MARK_ALL_REDUCED
@@ -667,11 +668,13 @@ cdef int _retire(Node* node, Plan* p, int64_t until) noexcept nogil:
     return WAITED
 
 
-cdef int _ran_within(Node* node, Cuda* cuda, int event, bint signals) noexcept nogil:
+cdef int _ran_within(Node* node, Cuda* cuda, int event, bint signals, int watched) noexcept nogil:
     """Poll until what our events[event] was recorded after has run (DRAINED: all the call's streams hold):
     0, or the CUresult it failed with; NOT_READY once the timeout passes first; where `signals`, INTERRUPTED
-    if a signal handler raised meanwhile. A poll, as every wait of the call: the driver's blocking wait would
-    outlive the timeout and Ctrl-C where a stream waits on a GPU pair partner's push that never runs."""
+    if a signal handler raised meanwhile; WATCHED_GONE if local rank `watched` (not -1: a GPU pair partner,
+    whose pushes our streams may wait on) closed or broke (its CLOSING word), looked at from a signal check's
+    slice on. A poll, as every wait of the call: the driver's blocking wait would outlive the timeout and
+    Ctrl-C where a stream waits on a partner's push that never runs."""
     cdef double start = hfr_now(), looked = start, now
     cdef int error
     while True:
@@ -679,26 +682,30 @@ cdef int _ran_within(Node* node, Cuda* cuda, int event, bint signals) noexcept n
         now = hfr_now()
         if error != NOT_READY or now - start > node.timeout:
             return error
-        if signals and now - looked > HFR_SIGNAL_CHECK_S:
+        if now - looked > HFR_SIGNAL_CHECK_S:
             looked = now
-            if signal_raised():
+            if signals and signal_raised():
                 return INTERRUPTED
+            if watched >= 0 and hfr_load(node.control + watched * node.row_words + CLOSING) > 0:
+                return WATCHED_GONE
         hfr_idle(now - start)
 
 
 cdef int _until_ran(Node* node, Plan* p, int event, CudaStep step) noexcept nogil:
     """WAITED once what our events[event] was recorded after has run; CUDA_FAILED (step) where it failed;
     INTERRUPTED; WAIT_DEVICE where the timeout passed first, with p.stalled (our streams may never drain):
-    in a paired call they wait on the partner's pushes (after_partner), so late_wait names it."""
-    cdef int error = _ran_within(node, p.cuda, event, True)
+    in a paired call they wait on the partner's pushes (after_partner), so late_wait names it, and the wait
+    ends as soon as the partner closed or broke (late_wait's gone)."""
+    cdef int error = _ran_within(node, p.cuda, event, True, node.partner if p.paired else -1)
     if error == 0:
         return WAITED
     if error == INTERRUPTED:
         return INTERRUPTED
-    if error != NOT_READY:
+    if error != NOT_READY and error != WATCHED_GONE:
         return _cuda_failed(p, error, step)
     p.stalled = True
-    node.late_column, node.late_target, node.gone_rank = -1, 0, -1
+    node.late_column, node.late_target = -1, 0
+    node.gone_rank = node.partner if error == WATCHED_GONE else -1
     node.late_only = node.partner if p.paired else -1
     return WAIT_DEVICE
 
@@ -973,7 +980,7 @@ cdef int _pair_out(Node* node, Plan* p, int64_t g, char* result, Py_ssize_t firs
 cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
     """_run of a staged call, the device's context current throughout, ended once every copy it queued ran:
     at the end, CONSUMED once the last copies out ran; where it stopped, whatever the copies' fate, unless
-    our streams stalled (p.stalled: waiting longer would not end)."""
+    our streams stalled (p.stalled: waiting longer would not end) or, paired, the partner is gone."""
     cdef int error = enter(p.cuda)
     cdef int outcome, waited
     if error:
@@ -989,7 +996,7 @@ cdef int _run_staged(Node* node, Plan* p, Rail* vote) noexcept nogil:
         waited = _retire(node, p, p.first_chunk + p.nchunks)
         outcome = DONE if waited == WAITED else waited
     if outcome != DONE and not error and not p.stalled:
-        _ran_within(node, p.cuda, DRAINED, False)
+        _ran_within(node, p.cuda, DRAINED, False, node.partner if p.paired else -1)
     leave(p.cuda)
     return outcome
 

@@ -4,7 +4,8 @@ reference, the same bits on every rank and for another chunk size, reduce_scatte
 rank 0 holds a host array. On the fake, argv[1] "launch" or "push" then fails rank 0's first add kernel, or its
 first push to its partner: the communicator breaks on rank 0 naming the step, at once on its node; "stall"
 makes rank 0's streams stall behind its partner's pushes (as where the partner's never run): rank 0 times
-out naming its partner, and its node within moments. Then a new communicator's calls are right.
+out naming its partner, and its node within moments; "stall-gone" (1 x 2) stalls rank 0 so and fails its
+partner's copy after them: rank 0 ends at once, naming it. Then a new communicator's calls are right.
 """
 import ctypes
 import os
@@ -18,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hfr
+from checks import expect
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -72,8 +74,8 @@ def communicator(**kwargs):
 
 
 comm = communicator()
-expect = [(r, r + 1) for r in comm._engine.layout.node_ranks[:comm.local_size // 2 * 2:2]]
-assert comm.pairs == expect, (rank, comm.pairs, expect)
+formed = [(r, r + 1) for r in comm._engine.layout.node_ranks[:comm.local_size // 2 * 2:2]]
+assert comm.pairs == formed, (rank, comm.pairs, formed)
 other = communicator(chunk_bytes=64 << 10)  # the same bits for another chunk size
 launches = driver.fake_launches() if fake else 0
 every = sys.argv[1] in ("none", "launch")  # the other failures' runs check float32 sums (launch's run, all)
@@ -133,7 +135,21 @@ if sys.argv[1] != "push":  # HFR_PAIRS=auto (the default): ranks of one device p
         os.environ.pop("CUDA_MPS_PIPE_DIRECTORY", None)
 
 FAILING = {"launch": "FAKE_CUDA_FAIL_LAUNCH", "push": "FAKE_CUDA_FAIL_AT", "stall": "FAKE_CUDA_PARTNER_STALLS"}
-if fake:  # a failure in the pair's steps: rank 0's first add kernel, its first push (its call's first copy), or
+if fake and sys.argv[1] == "stall-gone":  # rank 0's streams stalled behind its partner's pushes, and the partner
+    # fails its copy to the host after them: rank 0 ends as soon as the partner broke, naming it
+    comm = communicator(timeout=3)
+    if rank == 0:
+        os.environ[FAILING["stall"]] = "1"
+    elif rank == 1:
+        os.environ[FAILING["push"]] = str(driver.fake_copies() + 2)  # its push, then that copy
+    start = time.monotonic()
+    error = expect(hfr.HFRError, "", lambda: comm.allreduce(cupy.asarray(inputs(np.float32, 300007)[0])))
+    if rank == 0:
+        assert "rank 1 of this node failed before it came" in str(error) and time.monotonic() - start < 2, \
+            (f"{time.monotonic() - start:.1f} s", error)
+    elif rank == 1:
+        assert "CUDA_ERROR_ILLEGAL_ADDRESS" in str(error) and "adding the GPU pair's halves" in str(error), error
+elif fake:  # a failure in the pair's steps: rank 0's first add kernel, its first push (its call's first copy), or
     # its streams stalled behind its partner's pushes
     timeout = 3
     comm = communicator(timeout=timeout)
@@ -163,6 +179,7 @@ if fake:  # a failure in the pair's steps: rank 0's first add kernel, its first 
     else:
         assert comm.local_size == 1, "a call ran though rank 0's pair step failed"
         close_to(cupy.asnumpy(got), reference(rows, np.float32, "sum"), np.float32, "no pair: no failure")
+if fake:  # the call after: a new communicator's, right
     for variable in FAILING.values():
         os.environ.pop(variable, None)
     assert driver.fake_depth() == 0
