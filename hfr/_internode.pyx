@@ -58,15 +58,9 @@ from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
-cdef extern from *:
-    """
-    static inline long long hfr_rail_load(const long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    """
-    long long hfr_rail_load(const long long* p) nogil
-
 cimport numpy as cnp
 from hfr._kernels cimport STORES_BY_SIZE, Kind, kernel_kind, op_code, reduce_nogil
-from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_idle, hfr_now, raise_pending, signal_raised
+from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_idle, hfr_load_acquire, hfr_now, raise_pending, signal_raised
 
 import ctypes
 
@@ -329,7 +323,7 @@ cdef bint _node_peer_failed(Call* c) noexcept nogil:
     cdef int r
     if c.watch != NULL:
         for r in range(c.watch_rows):
-            if hfr_rail_load(c.watch + r * c.watch_stride) == c.watch_broken:
+            if hfr_load_acquire(c.watch + r * c.watch_stride) == c.watch_broken:
                 return True
     return False
 

@@ -83,7 +83,7 @@ from hfr._internode cimport Schedule, advance_fn, poll
 from hfr._kernels cimport CACHED, STORES_BY_SIZE, STREAMED, Kind, Stores, copy_nogil, kernel_kind, op_code, reduce_nogil
 from hfr._simd cimport BF16, F32, F64, FP16, I8, I32, I64, MAX, MIN, PROD, SUM, U8, U32, U64
 from hfr._spin cimport counters_reached, gone_row
-from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_idle, hfr_now, raise_pending, signal_raised
+from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_idle, hfr_load_acquire, hfr_now, raise_pending, signal_raised
 
 from hfr._cuda import error_text
 from hfr.ops import Op, combining
@@ -95,11 +95,9 @@ cdef extern from *:
         __atomic_store_n(p, v, __ATOMIC_RELEASE);
     }
     static inline void hfr_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-    static inline long long hfr_load(long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     """
     void hfr_publish(long long* p, long long v) nogil
     void hfr_fence() nogil
-    long long hfr_load(long long* p) nogil
 
 cdef enum:
     INTERRUPTED = -1  # a signal handler raised (Ctrl-C) during a wait: run() raises its exception
@@ -686,7 +684,7 @@ cdef int _ran_within(Node* node, Cuda* cuda, int event, bint signals, int watche
             looked = now
             if signals and signal_raised():
                 return INTERRUPTED
-            if watched >= 0 and hfr_load(node.control + watched * node.row_words + CLOSING) > 0:
+            if watched >= 0 and hfr_load_acquire(node.control + watched * node.row_words + CLOSING) > 0:
                 return WATCHED_GONE
         hfr_idle(now - start)
 
@@ -878,7 +876,7 @@ cdef int _pairable(Node* node, Plan* p) noexcept nogil:
             or p.whole or p.folded or p.total == 0 or node.pairs == PAIRS_AUTO and p.total < node.pairs_from):
         return 0
     if cuda.pair.link == UNLINKED:
-        if hfr_load(partner + PAIR_READY) == 0:  # its record's stores (and PAIR_SINCE) are seen after it
+        if hfr_load_acquire(partner + PAIR_READY) == 0:  # its record's stores (and PAIR_SINCE) are seen after it
             return 0
         if partner[<int>PAIR_SINCE] >= p.calls_done or own[<int>PAIR_SINCE] >= p.calls_done:  # not both before it
             return 0

@@ -8,13 +8,7 @@ and between rounds does what every wait does (hfr/_wait.pxd's hfr_idle).
 """
 from libc.stdint cimport int64_t
 
-from hfr._wait cimport hfr_idle, hfr_now
-
-cdef extern from *:
-    """
-    static inline long long hfr_load_acquire(const long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    """
-    long long hfr_load_acquire(const long long *p) nogil
+from hfr._wait cimport hfr_idle, hfr_load_acquire, hfr_now
 
 
 cdef int gone_row(const long long* words, Py_ssize_t row_words, Py_ssize_t rows, Py_ssize_t flag, Py_ssize_t column,

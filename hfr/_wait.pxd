@@ -1,7 +1,8 @@
 # Waiting in C with the GIL released, shared by hfr/_spin.pyx, hfr/_node_call.pyx, hfr/_internode.pyx and
 # hfr/_front.pyx: a monotonic clock in seconds (time.monotonic()'s, so Python deadlines compare with it), a
-# nap, sched_yield, what every wait does between looks (hfr_idle), and a look at pending signals (Ctrl-C) and
-# at a cancelled call (hfr/_wait.pyx).
+# nap, sched_yield, what every wait does between looks (hfr_idle), the read of a word another process
+# publishes (hfr_load_acquire: the stores before its release are seen after it), and a look at pending
+# signals (Ctrl-C) and at a cancelled call (hfr/_wait.pyx).
 cdef extern from *:
     """
     #include <sched.h>
@@ -18,10 +19,12 @@ cdef extern from *:
     static inline void hfr_idle(double idle_s) {
         if (idle_s < HFR_WAIT_YIELD_S) sched_yield(); else hfr_nap(HFR_WAIT_NAP_NS);
     }
+    static inline long long hfr_load_acquire(const long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     """
     double hfr_now() nogil
     void hfr_nap(long ns) nogil
     void hfr_idle(double idle_s) nogil
+    long long hfr_load_acquire(const long long* p) nogil
     int sched_yield() nogil
     const double HFR_SIGNAL_CHECK_S
 

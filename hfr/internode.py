@@ -234,9 +234,6 @@ def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
     except BaseException:
         abandon(schedule)
         raise
-    if schedule.node_peer_failed:  # (the engine's calls in C name the rank: _c_call_failed)
-        abandon(schedule)
-        raise HFRError(f"rail rank {rail.Get_rank()}: {what}: a rank of this node broke")
     if schedule.peer_failed:
         abandon(schedule)
         reports = _reports(rail, [p for p in range(rail.Get_size()) if p != rail.Get_rank()])
