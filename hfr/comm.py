@@ -172,7 +172,8 @@ class Communicator:
                 if not self._engine.close():
                     return
                 self._engine.node_comm.Free()
-                self._engine.rail_comm.Free()
+                if internode.rail_closed(self._engine.rail_comm, self._engine.timeout):  # else kept for good
+                    self._engine.rail_comm.Free()
             comm.Free()
 
     def __enter__(self) -> "Communicator":

@@ -66,7 +66,7 @@ from .ops import Op, as_dtype
 __all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "VoteRecord", "schedule", "schedule_what",
            "broadcast_schedule", "broadcast_what", "allgather", "allgather_schedule",
            "allgather_what", "stopped", "abandon",
-           "keep_for_good", "choose_algo", "report_absent", "reported_absent", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
+           "keep_for_good", "choose_algo", "report_absent", "reported_absent", "rail_closed", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
            "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
 
@@ -306,6 +306,23 @@ def report_absent(rail: MPI.Comm, ranks: list[int], timed_out: bool) -> None:
     for peer in range(rail.Get_size()):
         if peer != rail.Get_rank():
             keep_for_good(rail.Isend(message, peer, _ABSENT_TAG), message)  # no one may ever receive it
+
+
+def rail_closed(rail: MPI.Comm, timeout: float) -> bool:
+    """Whether every rank of the rail closed healthy within timeout seconds (a barrier over it), so that none
+    may still send on it and it can be freed. False once a rail peer reports that it broke (report_absent),
+    or at the timeout: then the rail is kept for good, for a message still on its way to a freed
+    communicator can reach the one made next with its context (Open MPI then crashes)."""
+    if rail.Get_size() == 1:
+        return True
+    barrier = rail.Ibarrier()
+    deadline = time.monotonic() + timeout
+    while not barrier.Test():
+        if rail.Iprobe(MPI.ANY_SOURCE, _ABSENT_TAG) or time.monotonic() > deadline:
+            keep_for_good(barrier, rail)
+            return False
+        time.sleep(1e-4)
+    return True
 
 
 def reported_absent(rail: MPI.Comm, peers: list[int], grace: float) -> dict[int, list[int]]:
