@@ -1,5 +1,6 @@
 # make bench: set up .venv and run the allreduce benchmark (NumPy arrays, 4 ranks)
 # make test:  set up .venv and run every test (then the 15 slowest)
+# make test-openmpi: the fault tests again under Open MPI (tests/openmpi.sh)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ NP ?= 4
 TORCH_SPEC ?= torch==2.13.0
 BENCH_ARGS ?= -b 16 -e 64M -f 4 -n 10 -w 3 --table bench/out/allreduce_numpy.txt --plot bench/out/allreduce_numpy.png --json bench/out/allreduce_numpy.json
 
-.PHONY: setup test bench bench-kernels clean
+.PHONY: setup test test-openmpi bench bench-kernels clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +25,9 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard hfr/*.pyx hfr/*.pxd)
 test: setup
 	$(PY) -m pytest -q --durations=15
 
+test-openmpi: setup
+	PYTHON=$(PYTHON) bash tests/openmpi.sh
+
 bench: setup
 	mkdir -p bench/out
 	$(VENV)/bin/mpiexec -n $(NP) $(PY) -m mpi4py bench/allreduce_perf.py $(BENCH_ARGS)
@@ -32,4 +36,4 @@ bench-kernels: setup
 	$(PY) bench/kernels_perf.py
 
 clean:
-	rm -rf $(VENV) build hfr/*.c hfr/*.so *.egg-info bench/out
+	rm -rf $(VENV) .venv-openmpi build hfr/*.c hfr/*.so *.egg-info bench/out
