@@ -185,13 +185,22 @@ class Engine:
     def close(self) -> bool:
         """Refuse new calls, finish those already submitted, stop the thread; then free the segment
         (collective over the node) if every rank of the node closes healthy within the timeout.
-        Returns whether it was freed: if not, nothing collective may be attempted any more."""
+        Returns whether it was freed: if not, nothing collective may be attempted any more, and the rail
+        is told so (its ranks then stop waiting for this one, in a call or in close: internode.rail_closed)."""
         self.front.close()
         self._queue.put(None)
         if self.front.held_here():  # called by a signal handler inside a call of this thread: cancel it
             _wait.cancel_running_call()
             self._publish(CLOSING, BROKEN)
-            return False
+            return False  # the cancelled call tells the rail as it fails
+        freed = self._close_node()
+        if not freed:
+            self._report([self.layout.rank], False)
+        return freed
+
+    def _close_node(self) -> bool:
+        """close() once the thread stopped: whether every rank of the node closed healthy and the segment
+        was freed."""
         self._thread.join()
         # Blocking calls still running on their callers' threads finish first, within the timeout.
         healthy = self.front.wait_idle(self.timeout) and self.front.broken is None
