@@ -192,7 +192,8 @@ class Engine:
         if self.front.held_here():  # called by a signal handler inside a call of this thread: cancel it
             _wait.cancel_running_call()
             self._publish(CLOSING, BROKEN)
-            return False  # the cancelled call tells the rail as it fails
+            self._report([self.layout.rank], False)
+            return False
         freed = self._close_node()
         if not freed:
             self._report([self.layout.rank], False)
