@@ -210,7 +210,8 @@ class Engine:
         self._publish(CLOSING, HEALTHY if healthy else BROKEN)
         if not healthy:
             return False
-        if not self._node_call.wait_all(CLOSING, HEALTHY):
+        if not self._node_call.wait_all(CLOSING, HEALTHY):  # a node peer never closed: take HEALTHY back, so
+            self._publish(CLOSING, BROKEN)  # that one coming late skips the collective free too
             return False
         if int(self.segment.control[:, CLOSING].max()) != HEALTHY:
             return False

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 venv=.venv-openmpi
-if ! command -v mpicc.openmpi >/dev/null; then
+if ! command -v mpicc.openmpi >/dev/null || ! command -v mpiexec.openmpi >/dev/null; then
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
         echo "tests/openmpi.sh: skipped: no Open MPI (mpicc.openmpi), and apt-get cannot install it here"
         exit 0
@@ -21,13 +21,18 @@ fi
 if [ ! -f $venv/.installed ] || [ pyproject.toml -nt $venv/.installed ]; then
     "$PYTHON" -m venv $venv
     $venv/bin/pip install -q --upgrade pip
-    # hfr's dependencies and test extra as pyproject.toml lists them; hfr itself is the tree's, built in place
-    # by make setup (the same Python)
-    requirements=$("$PYTHON" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+    # hfr's dependencies and test extra as pyproject.toml lists them (read by tomllib, or by pip's own reader
+    # before Python 3.11); hfr itself is the tree's, built in place by make setup (the same Python)
+    mapfile -t requirements < <($venv/bin/python -c 'try:
+    import tomllib
+except ImportError:
+    from pip._vendor import tomli as tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"]))')
-    MPICC=$(command -v mpicc.openmpi) $venv/bin/pip install -q --no-cache-dir --no-binary mpi4py $requirements
+    MPICC=$(command -v mpicc.openmpi) $venv/bin/pip install -q --no-cache-dir --no-binary mpi4py "${requirements[@]}"
     ln -sf "$(command -v mpiexec.openmpi)" $venv/bin/mpiexec
     touch $venv/.installed
 fi
-$venv/bin/python -c "import mpi4py.MPI as M; print(M.Get_library_version().splitlines()[0].strip())"
+$venv/bin/python -c "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI
+print(MPI.Get_library_version().splitlines()[0].strip())"
 $venv/bin/python -m pytest -q -p no:cacheprovider tests/test_faults.py
