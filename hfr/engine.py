@@ -192,9 +192,9 @@ class Engine:
         if self.front.held_here():  # called by a signal handler inside a call of this thread: cancel it
             _wait.cancel_running_call()
             self._publish(CLOSING, BROKEN)
-            self._report([self.layout.rank], False)
-            return False
-        freed = self._close_node()
+            freed = False
+        else:
+            freed = self._close_node()
         if not freed:
             self._report([self.layout.rank], False)
         return freed
@@ -442,27 +442,21 @@ class Engine:
         if outcome == Outcome.MISMATCH_SPENT:  # every rank of the node ended chunk g with no result
             outcome = Outcome.MISMATCH
         if outcome in (Outcome.VOTE_STOPPED, Outcome.RAIL_STOPPED):
-            schedule = vote if outcome == Outcome.VOTE_STOPPED else rails[self._node_call.failed_chunk]
+            voting = outcome == Outcome.VOTE_STOPPED
+            schedule = vote if voting else rails[self._node_call.failed_chunk]
             if schedule.node_peer_failed:  # a rank of this node broke while this one waited on the rail
                 internode.abandon(schedule)
                 self.segment.sync()
                 broken = [self.layout.node_ranks[j] for j in np.flatnonzero(self.segment.control[:, CLOSING] == BROKEN)]
                 self._report(broken, False)
                 raise HFRError(f"{call.collective}: waiting on the rail: ranks {broken} of this node failed")
-        if outcome == Outcome.VOTE_STOPPED:
+            step = "the call check" if voting else "the rail's step"
             try:
-                internode.stopped(self.rail_comm, vote, internode.VOTE_WHAT)
+                internode.stopped(self.rail_comm, schedule, internode.VOTE_WHAT if voting else self._rail_step(call)[1])
             except HFRTimeoutError as error:
-                raise self._timed_out(f"the call check ({error})", None, error.rail_peers) from None
+                raise self._timed_out(f"{step} ({error})", None, error.rail_peers) from None
             except internode.RailPeersFailed as error:
-                raise self._peers_failed("the call check", error) from None
-        if outcome == Outcome.RAIL_STOPPED:
-            try:
-                internode.stopped(self.rail_comm, rails[self._node_call.failed_chunk], self._rail_step(call)[1])
-            except HFRTimeoutError as error:
-                raise self._timed_out(f"the rail's step ({error})", None, error.rail_peers) from None
-            except internode.RailPeersFailed as error:
-                raise self._peers_failed("the rail's step", error) from None
+                raise self._peers_failed(step, error) from None
         if outcome == Outcome.MISMATCH:
             self._raise_mismatch(call.descriptor())
         if outcome == Outcome.NO_MEMORY:

@@ -247,17 +247,19 @@ def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
     raise error
 
 
-def complete(request: MPI.Request, timeout: float, timed_out: Callable[[], BaseException], *buffers) -> None:
-    """Wait for request (an MPI exchange of the Python side: the mismatch report, the settings' check):
-    poll it, idle between polls as every wait is (hfr/_wait.pxd's hfr_idle, the GIL released); raise
-    timed_out() once timeout seconds pass. A signal handler's exception (or close() from one) ends the wait
-    too. If the wait ends first, request and buffers are kept for good: MPI may still write there."""
+def complete(request: MPI.Request, timeout: float, timed_out: Callable[[], BaseException], *buffers,
+             vain: Optional[Callable[[], bool]] = None) -> None:
+    """Wait for request (an MPI exchange of the Python side: the mismatch report, the settings' check, the
+    rail's closing barrier): poll it, idle between polls as every wait is (hfr/_wait.pxd's hfr_idle, the GIL
+    released); raise timed_out() once timeout seconds pass, or once vain() says it never completes. A signal
+    handler's exception (or close() from one) ends the wait too. If the wait ends first, request and
+    buffers are kept for good: MPI may still write there."""
     start = time.monotonic()
     try:
         while not request.Test():
             _wait.check()
             idle = time.monotonic() - start
-            if idle > timeout:
+            if idle > timeout or vain is not None and vain():
                 raise timed_out()
             _wait.idle(idle)
     except BaseException:
@@ -315,14 +317,16 @@ def rail_closed(rail: MPI.Comm, timeout: float) -> bool:
     communicator can reach the one made next with its context (Open MPI then crashes)."""
     if rail.Get_size() == 1:
         return True
-    barrier = rail.Ibarrier()
-    deadline = time.monotonic() + timeout
-    while not barrier.Test():
-        if rail.Iprobe(MPI.ANY_SOURCE, _ABSENT_TAG) or time.monotonic() > deadline:
-            keep_for_good(barrier, rail)
-            return False
-        time.sleep(1e-4)
+    try:
+        complete(rail.Ibarrier(), timeout, _RailKept, vain=lambda: rail.Iprobe(MPI.ANY_SOURCE, _ABSENT_TAG))
+    except _RailKept:
+        keep_for_good(rail)
+        return False
     return True
+
+
+class _RailKept(Exception):
+    """rail_closed's barrier will not complete: a peer broke, or the timeout passed."""
 
 
 def reported_absent(rail: MPI.Comm, peers: list[int], grace: float) -> dict[int, list[int]]:
