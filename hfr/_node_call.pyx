@@ -43,7 +43,7 @@ Chunk c of the call is chunk g = first_chunk + c of the Communicator and uses st
                    of every rank's x (the same kernel in the same slot order: the same bits), and publishes
                    REDUCED only then, without waiting for the others'
 Stores: plain (cached) while what they write is read again soon from the cache, non-temporal (streamed
-past it) where the call's working set on the node does not fit half the cache (_stores).
+past it) where the call's working set on the node does not fit three quarters of the cache (_stores).
 A *folded* call (across nodes; the engine says which) sends its slice with the vote, in the vote's record
 (hfr/_internode.pyx, "vote records"): one doubling over the rail rather than two. Its node's ranks,
 agreeing on the call, take the reduce's first steps before the vote (ARRIVED, the slice into the record)
@@ -474,10 +474,20 @@ cdef inline bint _copies_out(int collective, bint is_root, bint out_is_x) noexce
     return True
 
 
-cdef inline Py_ssize_t _budget(Py_ssize_t cache_bytes) noexcept nogil:
-    """What of the cache a call's working set may take and stay there: half (the other half for everything
-    else)."""
+cdef inline Py_ssize_t _stages_budget(Py_ssize_t cache_bytes) noexcept nogil:
+    """What of the cache the stages in flight may take: half, so that a chunk stays there from its copy in to
+    its copy out while the rest of the call (the arrays, the program) moves through the other half."""
     return cache_bytes // 2
+
+
+cdef inline Py_ssize_t _stored_budget(Py_ssize_t cache_bytes) noexcept nogil:
+    """What of the cache everything a call stores into may take and still be stored cached: three quarters.
+    A cached store reads its line first but leaves it to be read again (the copy out, the caller's next use);
+    a streamed store skips that read but sends the line to memory. A call whose working set fills up to three
+    quarters of the cache still finds most of it there: in place, 4 MiB on 2 ranks (20 MiB of a 32 MiB cache)
+    ran 1.1-1.4x faster cached than streamed on the dev VM, out of place (28 MiB) streamed was faster
+    (bench/RESULTS.md)."""
+    return cache_bytes * 3 // 4
 
 
 cdef enum:
@@ -488,20 +498,20 @@ cpdef Py_ssize_t cache_chunk_bytes(Py_ssize_t cache_bytes, int local_size, Py_ss
                                    bint oversubscribed=False):
     """The chunk of a host array's call on one node (the engine's NodeCall gets it): the largest multiple of
     CHUNK_ALIGN_BYTES whose STAGES stages (local_size input slots and a result slot each) fit the budget
-    (_budget) of the node's share of the cache, cache_bytes, within [MIN_CACHE_CHUNK_BYTES, chunk_bytes].
+    (_stages_budget) of the node's share of the cache, cache_bytes, within [MIN_CACHE_CHUNK_BYTES, chunk_bytes].
     chunk_bytes where the cache is unknown (0), or where the host's ranks outnumber its cores
     (oversubscribed): a rank that waits for another then waits for the scheduler to run it, so each chunk's
     hand-offs cost a time slice (bench/RESULTS.md)."""
     if cache_bytes <= 0 or oversubscribed:
         return chunk_bytes
-    cdef Py_ssize_t fitting = _budget(cache_bytes) // (STAGES * (local_size + 1))
+    cdef Py_ssize_t fitting = _stages_budget(cache_bytes) // (STAGES * (local_size + 1))
     fitting = fitting // CHUNK_ALIGN_BYTES * CHUNK_ALIGN_BYTES
     return min(chunk_bytes, max(fitting, MIN_CACHE_CHUNK_BYTES))
 
 
 cdef void _stores(Plan* p, int local_size, Py_ssize_t cache_bytes) noexcept nogil:
     """How the call's stores go (kernels' Stores): into the segment and into out alike, cached while the
-    node's working set of what they write fits its budget (_budget), else streamed past it: the stages in
+    node's working set of what they write fits its budget (_stored_budget), else streamed past it: the stages in
     flight for the segment, and with them every rank's x and out for out. By each store's size where the
     cache is unknown (0), and for a staged call, whose result the device's copy engine reads, not a core:
     there streaming from 1 MiB made CuPy's 186 MiB call 1.3-1.4x faster on the GPU host (bench/RESULTS.md)."""
@@ -510,8 +520,8 @@ cdef void _stores(Plan* p, int local_size, Py_ssize_t cache_bytes) noexcept nogi
     if cache_bytes == 0 or p.cuda != NULL:
         p.slot_stores = p.out_stores = STORES_BY_SIZE
         return
-    p.slot_stores = CACHED if stages <= _budget(cache_bytes) else STREAMED
-    p.out_stores = CACHED if stages + arrays <= _budget(cache_bytes) else STREAMED
+    p.slot_stores = CACHED if stages <= _stored_budget(cache_bytes) else STREAMED
+    p.out_stores = CACHED if stages + arrays <= _stored_budget(cache_bytes) else STREAMED
 
 
 DESCRIPTOR_NAMES = ("collective", "count", "dtype", "op", "root")  # a descriptor's DESCRIPTOR_FIELDS, in order
