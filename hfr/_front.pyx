@@ -9,20 +9,22 @@ running lock).
 
 allreduce() takes the blocking allreduce, where Python around the C protocol (hfr/_node_call.pyx) cost more
 than the protocol (bench/RESULTS.md): checked, admitted, run and counted out here. A NumPy array or a CPU
-torch tensor (its pointer, dtype and shape read from the tensor: no DLPack view), and once the engine has met
-a CUDA array (take_cuda) a CuPy array or CUDA tensor on that device, staged in C after the work queued on the
-caller's current stream of the device. It returns None, before admitting it, for anything else, and the
-engine's Python takes that call, raising what it raises: another array or argument, one that the checks would
-refuse, a call not to be run on this thread (another is unfinished). Across nodes a call runs here in C where
-the engine keeps its call shape's rail schedules (by rail_shape_key, in the dict shared with this: which
-shapes it keeps is the engine's rule, _kept); another is admitted here and run by the engine's Python
-(Engine.run_held, which keeps its schedules if the rule says so), so that no call admitted after it runs
-first. A failed call is handed back to the engine, which names the failure as for its own calls.
+torch tensor, and once the engine has met a CUDA array (take_cuda) a CuPy array or CUDA tensor on that device,
+staged in C after the work queued on the caller's current stream of the device; a tensor read through
+DLPack's C exchange API (below: torch from 2.11; with a torch that has none, the engine's Python takes
+tensors). It returns None, before admitting it, for anything else, and the engine's Python takes that call,
+raising what it raises: another array or argument, one that the checks would refuse, a call not to be run on
+this thread (another is unfinished). Across nodes a call runs here in C where the engine keeps its call shape's
+rail schedules (by rail_shape_key, in the dict shared with this: which shapes it keeps is the engine's rule,
+_kept); another is admitted here and run by the engine's Python (Engine.run_held, which keeps its schedules if
+the rule says so), so that no call admitted after it runs first. A failed call is handed back to the engine, which names the failure as for its own calls.
 """
 from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
                                PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
                                PyThread_release_lock, PyThread_type_lock)
-from libc.stdint cimport int64_t, uintptr_t
+from cpython.exc cimport PyErr_Clear
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcmp
 
 import sys
@@ -50,6 +52,47 @@ cdef enum:
     OPS = 5  # hfr.Op's members, in their wire order: SUM, AVG, MAX, MIN, PROD
     AVG = 1
     IDLE_NAP_NS = 1000000  # close() looks for the last unfinished call this often
+
+
+# DLPack's C exchange API (dlpack.h, DLPackExchangeAPI, from DLPack 1.3): a tensor library hangs a table of C
+# functions on its tensor type as the capsule __dlpack_c_exchange_api__. dltensor_from_py_object_no_sync
+# describes a tensor of that type (its memory, device, dtype, shape and strides, valid until control returns
+# to Python) without a Python call or a capsule, in a tenth of the time that reading them from the tensor took
+# (bench/RESULTS.md); current_work_stream gives the library's current stream of a device. The structs as dlpack.h lays them out (major version 1).
+cdef struct DLDevice:
+    int32_t device_type  # DL_CPU, DL_CUDA, ...
+    int32_t device_id
+
+cdef struct DLDataType:
+    uint8_t code  # int, uint, float, bfloat, ...
+    uint8_t bits
+    uint16_t lanes
+
+cdef struct DLTensor:
+    void* data
+    DLDevice device
+    int32_t ndim
+    DLDataType dtype
+    int64_t* shape
+    int64_t* strides  # in elements; NULL: compact, row-major
+    uint64_t byte_offset
+
+ctypedef int (*dltensor_from_fn)(void* py_object, DLTensor* out) noexcept  # 0, or -1 with an exception set
+ctypedef int (*current_stream_fn)(int32_t device_type, int32_t device_id, void** stream) noexcept
+
+cdef struct DLPackExchangeAPI:
+    uint32_t major  # DLPackVersion
+    uint32_t minor
+    void* prev_api
+    void* managed_tensor_allocator
+    void* managed_tensor_from_py_object_no_sync
+    void* managed_tensor_to_py_object_no_sync
+    dltensor_from_fn dltensor_from_py_object_no_sync  # may be NULL
+    current_stream_fn current_work_stream
+
+cdef enum:
+    DL_CPU = 1  # DLDeviceType's kDLCPU
+    DL_CUDA = 2  # kDLCUDA
 
 
 cdef struct Operands:  # an allreduce's arrays, as allreduce() found them
@@ -93,10 +136,11 @@ cdef class Front:
     cdef Device cuda
     cdef int cuda_device
     cdef char* staging
-    # torch tensors, once torch is imported: torch.Tensor, torch.strided, each of DTYPES' torch dtype -> its
-    # wire code, what inspect (hfr/arrays.py) asks of a tensor it writes, and torch.cuda.current_stream
-    cdef object tensor_type, strided, grad_enabled, increment_version, tensor_stream
-    cdef dict tensor_dtype_codes
+    # torch tensors, once torch is imported: torch.Tensor, its DLPack exchange API (NULL where torch has none),
+    # each wire code's DLPack dtype (tensor_dtypes[d]), and what inspect (hfr/arrays.py) asks of a tensor it writes
+    cdef object tensor_type, dlpack_capsule, grad_enabled, increment_version
+    cdef DLPackExchangeAPI* dlpack
+    cdef DLDataType tensor_dtypes[MAX_DTYPES]
 
     def __cinit__(self):
         self.order = PyThread_allocate_lock()
@@ -238,7 +282,7 @@ cdef class Front:
             return None
         if o.tensor:  # the tensor that receives is written, as torch's in-place ops count it
             try:
-                self.increment_version(x if out is None else out)
+                self.increment_version(((x if out is None else out),))
             except BaseException:
                 self.leave()
                 raise
@@ -302,44 +346,94 @@ cdef class Front:
             torch = sys.modules.get("torch")
             if torch is None or not hasattr(torch, "autograd"):  # not imported, or not yet whole
                 return False
-            self.tensor_dtype_codes = {t: self.dtype_codes[d] for t, d in torch_dtypes(torch).items()}
-            self.strided, self.grad_enabled = torch.strided, torch.is_grad_enabled
-            self.increment_version = torch.autograd.graph.increment_version
-            self.tensor_stream = torch.cuda.current_stream
+            self._take_dlpack(torch)
+            # increment_version takes an iterable of tensors (torch 2.5 on; the front takes tensors from 2.11 on):
+            # torch.autograd.graph.increment_version without its Python frame
+            self.grad_enabled, self.increment_version = torch.is_grad_enabled, torch._C._increment_version
             self.tensor_type = torch.Tensor
         return type(x) is self.tensor_type
 
+    cdef _take_dlpack(self, torch):
+        """torch.Tensor's DLPack exchange API, where torch has one of a major version we know, and the DLPack
+        dtype of each of our dtypes, as torch describes its tensors of it."""
+        capsule = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+        if capsule is None or not PyCapsule_IsValid(capsule, "dlpack_exchange_api"):
+            return
+        cdef DLPackExchangeAPI* api = <DLPackExchangeAPI*>PyCapsule_GetPointer(capsule, "dlpack_exchange_api")
+        if api.major != 1 or api.dltensor_from_py_object_no_sync == NULL or api.current_work_stream == NULL:
+            return
+        cdef DLTensor t
+        cdef int d
+        for d in range(MAX_DTYPES):
+            self.tensor_dtypes[d].code, self.tensor_dtypes[d].bits = 255, 0  # none: no tensor has it
+        for theirs, ours in torch_dtypes(torch).items():
+            sample = torch.empty(1, dtype=theirs)
+            if api.dltensor_from_py_object_no_sync(<void*>sample, &t):
+                PyErr_Clear()
+                return
+            self.tensor_dtypes[self.dtype_codes[ours]] = t.dtype
+        self.dlpack, self.dlpack_capsule = api, capsule
+
     cdef bint _tensor_operands(self, x, out, Operands* o) except -1:
         """Whether x and out (or None) are tensors the front takes, as inspect (hfr/arrays.py) would pass them:
-        both on the CPU or both on our CUDA device (once take_cuda), dense, of one of our dtypes, contiguous,
-        not empty, the one written not requiring grad while grad mode is on, out of x's dtype and shape,
-        either x's memory or apart from it; into o. A CUDA tensor's copies follow torch's current stream."""
-        cdef bint cuda = x.is_cuda
-        cdef int device = x.get_device() if cuda else -1
-        if not (x.is_cpu or cuda and device == self.cuda_device and self.cuda is not None):
+        described by torch's DLPack exchange API, both on the CPU or both on our CUDA device (once take_cuda),
+        of one of our dtypes, contiguous, not empty, without torch's negative bit (a lazy negation, which DLPack
+        does not carry), the one written not requiring grad while grad mode is on, out of x's dtype and shape,
+        either x's memory or apart from it; into o. A CUDA tensor's copies follow
+        torch's current stream of the device."""
+        cdef DLTensor a, b
+        if not self._described(x, &a):
             return False
-        if x.layout is not self.strided or not x.is_contiguous():
+        cdef bint cuda = a.device.device_type == DL_CUDA
+        if not (a.device.device_type == DL_CPU or cuda and a.device.device_id == self.cuda_device and self.cuda is not None):
             return False
-        o.dtype, o.count = self.tensor_dtype_codes.get(x.dtype, -1), x.numel()
-        if o.dtype < 0 or o.count == 0:
+        o.dtype, o.count = self._tensor_dtype(a.dtype), _contiguous_count(&a)
+        if o.dtype < 0 or o.count <= 0 or x.is_neg():
             return False
-        o.x = o.out = <char*><uintptr_t>x.data_ptr()
+        o.x = o.out = <char*>a.data + a.byte_offset
         y = x
         if out is not None:  # in place needs no second look
             y = out
-            if type(y) is not self.tensor_type or y.layout is not self.strided:
+            if type(y) is not self.tensor_type or not self._described(y, &b):
                 return False
-            if not (y.is_cuda and y.get_device() == device if cuda else y.is_cpu):
+            if (b.device.device_type != a.device.device_type or b.device.device_id != a.device.device_id
+                    or self._tensor_dtype(b.dtype) != o.dtype or b.ndim != a.ndim
+                    or memcmp(b.shape, a.shape, a.ndim * sizeof(int64_t)) or _contiguous_count(&b) != o.count
+                    or y.is_neg()):
                 return False
-            if y.dtype is not x.dtype or y.shape != x.shape or not y.is_contiguous():
-                return False
-            o.out = <char*><uintptr_t>y.data_ptr()
-        if y.requires_grad and self.grad_enabled():
+            o.out = <char*>b.data + b.byte_offset
+        if self.grad_enabled() and y.requires_grad:
             return False
         o.cuda, o.stream, o.tensor = cuda, 0, True
         if cuda:
-            o.stream = self.tensor_stream(device).cuda_stream
+            self._current_stream(a.device.device_id, &o.stream)
         return _apart(o.x, o.out, o.count * self.itemsizes[o.dtype])
+
+    cdef bint _described(self, t, DLTensor* d) except -1:
+        """Whether torch's DLPack exchange API describes tensor t (of torch.Tensor's own type) into d, with
+        one element a lane; not where torch has no such API, nor a tensor it cannot describe (sparse ones:
+        the engine's checks name what they refuse)."""
+        if self.dlpack == NULL:
+            return False
+        if self.dlpack.dltensor_from_py_object_no_sync(<void*>t, d):
+            PyErr_Clear()
+            return False
+        return d.dtype.lanes == 1
+
+    cdef int _current_stream(self, int32_t device, uintptr_t* stream) except -1:
+        """torch's current stream of CUDA device `device` into stream (where torch cannot say, its exception)."""
+        cdef void* current = NULL
+        cdef int failed = self.dlpack.current_work_stream(DL_CUDA, device, &current)
+        stream[0] = <uintptr_t>current
+        return failed
+
+    cdef int _tensor_dtype(self, DLDataType dtype) noexcept:
+        """The wire code of a tensor of DLPack dtype `dtype` (_take_dlpack's table), -1 where none of ours."""
+        cdef int d
+        for d in range(self.ndtypes):
+            if self.tensor_dtypes[d].code == dtype.code and self.tensor_dtypes[d].bits == dtype.bits:
+                return d
+        return -1
 
     cdef _run_held(self, x, op, out, Operands* o, int k):
         """Run the admitted allreduce, whose thread holds the running lock, raising its failure: in C,
@@ -396,6 +490,18 @@ cdef class Front:
                 if op == self.op_names[k]:
                     return k
         return -1
+
+
+cdef inline int64_t _contiguous_count(DLTensor* t) noexcept:
+    """A tensor's elements where it is C-contiguous (each stride the product of the sizes after it, sizes of 1
+    aside, as torch's is_contiguous() says), else -1."""
+    cdef int64_t count = 1
+    cdef int i
+    for i in range(t.ndim - 1, -1, -1):
+        if t.strides != NULL and t.shape[i] != 1 and t.strides[i] != count:
+            return -1
+        count *= t.shape[i]
+    return count
 
 
 cdef inline bint _apart(char* a, char* b, Py_ssize_t nbytes) noexcept:

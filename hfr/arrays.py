@@ -91,6 +91,9 @@ def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
         raise TypeError(f"unsupported dtype {t.dtype}: hfr reduces {', '.join(d.name for d in DTYPES)}")
     if not t.is_contiguous():
         raise ValueError(f"{name} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+    if t.is_neg():
+        raise ValueError(f"{name} has torch's negative bit set (a lazily negated view, such as z.conj().imag): "
+                         f"pass {name}.resolve_neg()")
     if writable and t.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{name} requires grad and cannot be written in place while grad mode is on: "
                          f"reduce it under torch.no_grad(), or pass {name}.detach()")

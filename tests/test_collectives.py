@@ -28,6 +28,14 @@ def test_the_front_runs_small_host_allreduces_and_hands_the_rest_to_the_engine(n
     assert out.count("front ok") == nprocs
 
 
+def test_without_torchs_exchange_api_the_engine_takes_tensors():
+    """With a torch whose tensors have no DLPack exchange API (torch before 2.11), the front takes no tensor:
+    the engine's Python runs every tensor call, right all the same."""
+    pytest.importorskip("torch")
+    out = run_mpi(2, "front_worker.py", "none", "no-exchange-api", timeout=120).stdout
+    assert out.count("front ok") == 2
+
+
 def test_a_whole_call_is_not_overwritten_by_the_next_calls_copies_ahead():
     """A whole call's rank reduces its out from the input slots and may leave while a slower rank still
     reads them; the next call, of three chunks, copies its third chunk into that stage before its call

@@ -2,7 +2,8 @@
 Python, on every rank of the job; each call's result is checked element by element against a float64
 reference (or its error and the caller's arrays against what the checks promise).
 
-argv[1]: local_size (or "none"). A spy counts the calls that the engine's Python runs (Engine.run_held,
+argv[1]: local_size (or "none"); argv[2] (optional) "no-exchange-api": torch.Tensor without its DLPack exchange
+API (as a torch before 2.11 is), so that the front takes no tensor and the engine's Python takes them all. A spy counts the calls that the engine's Python runs (Engine.run_held,
 which every call not run in C reaches: those handed to Engine.run, and across nodes those whose rail
 schedules the engine has yet to make).
 """
@@ -19,6 +20,7 @@ import hfr
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 local_size = None if sys.argv[1] == "none" else int(sys.argv[1])
+no_exchange_api = sys.argv[2:] == ["no-exchange-api"]
 comm = hfr.Communicator(world, local_size=local_size, chunk_bytes=4096)
 engine = comm._engine
 python_calls = []
@@ -132,7 +134,7 @@ refused(TypeError, "out has dtype float64", lambda: comm.allreduce(x, out=np.zer
 refused(ValueError, "out has shape", lambda: comm.allreduce(x, out=np.zeros(n + 1, np.float32)),
         (x, values(n, np.float32, seed)))
 
-# torch CPU tensors take the same C path (their pointer, dtype and shape read from the tensor), the written
+# torch CPU tensors take the same C path (described through torch's DLPack exchange API), the written
 # tensor's version counter bumped as torch's in-place ops do; what the front does not take goes to the
 # engine's Python, right all the same; what the checks refuse is refused, the tensors untouched.
 try:
@@ -140,6 +142,8 @@ try:
 except ImportError:  # torch is optional (make TORCH_SPEC= test)
     torch = None
 if torch is not None:
+    if no_exchange_api:
+        del torch.Tensor.__dlpack_c_exchange_api__
     def tensor(dtype, seed, **kwargs):
         return torch.tensor(values(n, np.float32, seed), **kwargs).to(dtype)
 
@@ -154,18 +158,28 @@ if torch is not None:
             seed += 1
             t = tensor(dtype, seed)
             version = t._version
-            check(lambda: as_numpy(comm.allreduce(t, op), np_dtype), n, np_dtype, op, seed, by_python=False,
+            check(lambda: as_numpy(comm.allreduce(t, op), np_dtype), n, np_dtype, op, seed, by_python=no_exchange_api,
                   what=f"tensor {dtype} {op} in place")
             assert t._version > version, "the tensor written in place kept its version"
             seed += 1
             t, out = tensor(dtype, seed), torch.full((n,), 99, dtype=dtype)
             version = out._version
-            check(lambda: as_numpy(comm.allreduce(t, op, out=out), np_dtype), n, np_dtype, op, seed, by_python=False,
-                  what=f"tensor {dtype} {op} out of place")
+            check(lambda: as_numpy(comm.allreduce(t, op, out=out), np_dtype), n, np_dtype, op, seed,
+                  by_python=no_exchange_api, what=f"tensor {dtype} {op} out of place")
             assert torch.equal(t, tensor(dtype, seed)) and out._version > version, "out of place: x or out's version"
     leaf = tensor(torch.float32, seed, requires_grad=True)
     with torch.no_grad():  # in C: grad mode is off
-        check(lambda: comm.allreduce(leaf).numpy(), n, np.float32, "sum", seed, by_python=False, what="a leaf, no_grad")
+        check(lambda: comm.allreduce(leaf).numpy(), n, np.float32, "sum", seed, by_python=no_exchange_api,
+              what="a leaf, no_grad")
+    # in C too: a 2-D tensor, one whose size-1 dimension has any stride (contiguous, as torch says), and a
+    # slice that starts inside its storage
+    for what, make in [("a 2-D tensor", lambda t: comm.allreduce(t.reshape(1, n)).reshape(n)),
+                       ("a size-1 dimension's stride", lambda t: comm.allreduce(t.reshape(n, 1).t()).reshape(n)),
+                       ("a slice", lambda t: comm.allreduce(torch.cat([torch.full((3,), 99.0), t])[3:])),
+                       ("into a slice", lambda t: comm.allreduce(t, out=torch.full((n + 3,), 99.0)[3:]))]:
+        seed += 1
+        check(lambda: make(tensor(torch.float32, seed)).numpy(), n, np.float32, "sum", seed, by_python=no_exchange_api,
+              what=what)
     seed += 1
     param = torch.nn.Parameter(tensor(torch.float32, seed), requires_grad=False)  # a subclass: by Python
     check(lambda: comm.allreduce(param).detach().numpy(), n, np.float32, "sum", seed, by_python=True, what="a Parameter")
@@ -173,6 +187,14 @@ if torch is not None:
     t = tensor(torch.float32, seed)
     refused(ValueError, "requires grad", lambda: comm.allreduce(tensor(torch.float32, seed, requires_grad=True)))
     refused(ValueError, "not contiguous", lambda: comm.allreduce(torch.ones((n, 2))[:, 0]))
+    refused(ValueError, "not contiguous", lambda: comm.allreduce(torch.ones((2, n)).t()))
+    refused(ValueError, "not contiguous", lambda: comm.allreduce(t, out=torch.zeros((n, 2))[:, 0]))
+    refused(TypeError, "dense CPU or CUDA tensor", lambda: comm.allreduce(torch.ones(n).to_sparse()))
+    # -3, lazily: its memory holds 3 (contiguous: one element; the imaginary parts of more have a stride of 2)
+    negated = torch.tensor([2 + 3j], dtype=torch.complex64).conj().imag
+    refused(ValueError, "negative bit", lambda: comm.allreduce(negated))
+    refused(ValueError, "negative bit", lambda: comm.allreduce(torch.ones(1), out=negated))
+    assert torch.equal(negated, torch.tensor([-3.0])), "a refused call changed the negated view"
     refused(TypeError, "out has dtype", lambda: comm.allreduce(t, out=torch.zeros(n, dtype=torch.float64)))
     refused(ValueError, "out has shape", lambda: comm.allreduce(t, out=torch.zeros(n + 1)))
     refused(ValueError, "out is a numpy array, x is a torch tensor", lambda: comm.allreduce(t, out=np.zeros(n, np.float32)))

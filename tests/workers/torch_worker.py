@@ -186,6 +186,14 @@ def check_backend(device: torch.device) -> None:
     dist.all_gather_into_tensor(out, torch.full((3,), float(rank), device=device), async_op=True).wait()
     assert torch.equal(out, torch.arange(size, device=device).float().repeat_interleave(3))
     dist.barrier()
+    # A tensor that requires grad is reduced as gloo reduces it, grad mode on or off, its version bumped.
+    for grad_mode in (True, False):
+        leaf = torch.full((5,), float(rank + 1), device=device, requires_grad=True)
+        version = leaf._version
+        with torch.set_grad_enabled(grad_mode):
+            dist.all_reduce(leaf)
+        assert torch.equal(leaf.detach(), torch.full((5,), size * (size + 1) / 2, device=device))
+        assert leaf._version > version and leaf.requires_grad, f"grad mode {grad_mode}: version or requires_grad"
     # What hfr does not do goes to gloo: all_to_all, send/recv, gather, a bitwise op.
     if device.type == "cpu":
         a = torch.arange(size, dtype=torch.float32) + 10 * rank
