@@ -8,16 +8,17 @@ unfinished; otherwise the progress thread runs it. One call runs at a time, on w
 running lock).
 
 allreduce() takes the blocking allreduce, where Python around the C protocol (hfr/_node_call.pyx) cost more
-than the protocol (bench/RESULTS.md): checked, admitted, run and counted out here. A NumPy array or a CPU
-torch tensor, and once the engine has met a CUDA array (take_cuda) a CuPy array or CUDA tensor on that device,
-staged in C after the work queued on the caller's current stream of the device; a tensor read through
-DLPack's C exchange API (below: torch from 2.11; with a torch that has none, the engine's Python takes
-tensors). It returns None, before admitting it, for anything else, and the engine's Python takes that call,
-raising what it raises: another array or argument, one that the checks would refuse, a call not to be run on
-this thread (another is unfinished). Across nodes a call runs here in C where the engine keeps its call shape's
-rail schedules (by rail_shape_key, in the dict shared with this: which shapes it keeps is the engine's rule,
-_kept); another is admitted here and run by the engine's Python (Engine.run_held, which keeps its schedules if
-the rule says so), so that no call admitted after it runs first. A failed call is handed back to the engine, which names the failure as for its own calls.
+than the protocol (bench/RESULTS.md): checked, admitted, run and counted out here. A NumPy array or a CPU torch
+tensor, and once the engine has met a CUDA array (take_cuda) a CuPy array or CUDA tensor on that device, staged
+in C after the work queued on the caller's current stream of the device; a tensor read through DLPack's C
+exchange API (below: torch from 2.11, or an older one that an extension gave one; with a torch that has none,
+the engine's Python takes tensors). It returns None, before admitting it, for anything else, and the engine's
+Python takes that call, raising what it raises: another array or argument, one that the checks would refuse, a
+call not to be run on this thread (another is unfinished). Across nodes a call runs here in C where the engine
+keeps its call shape's rail schedules (by rail_shape_key, in the dict shared with this: which shapes it keeps
+is the engine's rule, _kept); another is admitted here and run by the engine's Python (Engine.run_held, which
+keeps its schedules if the rule says so), so that no call admitted after it runs first. A failed call is handed
+back to the engine, which names the failure as for its own calls.
 """
 from cpython.pythread cimport (NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
                                PyThread_allocate_lock, PyThread_free_lock, PyThread_get_thread_ident,
@@ -58,7 +59,8 @@ cdef enum:
 # functions on its tensor type as the capsule __dlpack_c_exchange_api__. dltensor_from_py_object_no_sync
 # describes a tensor of that type (its memory, device, dtype, shape and strides, valid until control returns
 # to Python) without a Python call or a capsule, in a tenth of the time that reading them from the tensor took
-# (bench/RESULTS.md); current_work_stream gives the library's current stream of a device. The structs as dlpack.h lays them out (major version 1).
+# (bench/RESULTS.md); current_work_stream gives the library's current stream of a device. The structs as
+# dlpack.h lays them out (major version 1).
 cdef struct DLDevice:
     int32_t device_type  # DL_CPU, DL_CUDA, ...
     int32_t device_id
@@ -137,10 +139,11 @@ cdef class Front:
     cdef int cuda_device
     cdef char* staging
     # torch tensors, once torch is imported: torch.Tensor, its DLPack exchange API (NULL where torch has none),
-    # each wire code's DLPack dtype (tensor_dtypes[d]), and what inspect (hfr/arrays.py) asks of a tensor it writes
+    # each wire code's DLPack dtype and torch dtype, and what inspect (hfr/arrays.py) asks of a tensor it writes
     cdef object tensor_type, dlpack_capsule, grad_enabled, increment_version
     cdef DLPackExchangeAPI* dlpack
     cdef DLDataType tensor_dtypes[MAX_DTYPES]
+    cdef list torch_dtypes
 
     def __cinit__(self):
         self.order = PyThread_allocate_lock()
@@ -346,18 +349,22 @@ cdef class Front:
             torch = sys.modules.get("torch")
             if torch is None or not hasattr(torch, "autograd"):  # not imported, or not yet whole
                 return False
-            self._take_dlpack(torch)
-            # increment_version takes an iterable of tensors (torch 2.5 on; the front takes tensors from 2.11 on):
-            # torch.autograd.graph.increment_version without its Python frame
             self.grad_enabled, self.increment_version = torch.is_grad_enabled, torch._C._increment_version
+            self._take_dlpack(torch)
             self.tensor_type = torch.Tensor
         return type(x) is self.tensor_type
 
     cdef _take_dlpack(self, torch):
-        """torch.Tensor's DLPack exchange API, where torch has one of a major version we know, and the DLPack
-        dtype of each of our dtypes, as torch describes its tensors of it."""
+        """torch.Tensor's DLPack exchange API, where torch has one of a major version we know and a version bump
+        that takes an iterable of tensors (torch._C._increment_version: torch.autograd.graph.increment_version
+        without its Python frame, from torch 2.5 on), and the DLPack dtype of each of our dtypes, as torch
+        describes a CPU tensor of it."""
         capsule = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
         if capsule is None or not PyCapsule_IsValid(capsule, "dlpack_exchange_api"):
+            return
+        try:
+            self.increment_version(())
+        except TypeError:  # torch 2.4's takes one tensor
             return
         cdef DLPackExchangeAPI* api = <DLPackExchangeAPI*>PyCapsule_GetPointer(capsule, "dlpack_exchange_api")
         if api.major != 1 or api.dltensor_from_py_object_no_sync == NULL or api.current_work_stream == NULL:
@@ -366,29 +373,32 @@ cdef class Front:
         cdef int d
         for d in range(MAX_DTYPES):
             self.tensor_dtypes[d].code, self.tensor_dtypes[d].bits = 255, 0  # none: no tensor has it
+        self.torch_dtypes = [None] * MAX_DTYPES
         for theirs, ours in torch_dtypes(torch).items():
-            sample = torch.empty(1, dtype=theirs)
+            sample = torch.empty(1, dtype=theirs, device="cpu")
             if api.dltensor_from_py_object_no_sync(<void*>sample, &t):
                 PyErr_Clear()
                 return
-            self.tensor_dtypes[self.dtype_codes[ours]] = t.dtype
+            d = self.dtype_codes[ours]
+            self.tensor_dtypes[d], self.torch_dtypes[d] = t.dtype, theirs
         self.dlpack, self.dlpack_capsule = api, capsule
 
     cdef bint _tensor_operands(self, x, out, Operands* o) except -1:
         """Whether x and out (or None) are tensors the front takes, as inspect (hfr/arrays.py) would pass them:
         described by torch's DLPack exchange API, both on the CPU or both on our CUDA device (once take_cuda),
-        of one of our dtypes, contiguous, not empty, without torch's negative bit (a lazy negation, which DLPack
-        does not carry), the one written not requiring grad while grad mode is on, out of x's dtype and shape,
-        either x's memory or apart from it; into o. A CUDA tensor's copies follow
+        of one of our dtypes, contiguous, not empty, with memory, without torch's negative bit (a lazy negation,
+        which DLPack does not carry), the one written not requiring grad while grad mode is on, out of x's dtype
+        and shape, either x's memory or apart from it; into o. A CUDA tensor's copies follow
         torch's current stream of the device."""
         cdef DLTensor a, b
         if not self._described(x, &a):
             return False
         cdef bint cuda = a.device.device_type == DL_CUDA
-        if not (a.device.device_type == DL_CPU or cuda and a.device.device_id == self.cuda_device and self.cuda is not None):
+        if not (a.device.device_type == DL_CPU
+                or cuda and a.device.device_id == self.cuda_device and self.cuda is not None):
             return False
         o.dtype, o.count = self._tensor_dtype(a.dtype), _contiguous_count(&a)
-        if o.dtype < 0 or o.count <= 0 or x.is_neg():
+        if o.dtype < 0 or o.count <= 0 or a.data == NULL:  # no memory: freed storage, torch's zero tensors
             return False
         o.x = o.out = <char*>a.data + a.byte_offset
         y = x
@@ -399,10 +409,15 @@ cdef class Front:
             if (b.device.device_type != a.device.device_type or b.device.device_id != a.device.device_id
                     or self._tensor_dtype(b.dtype) != o.dtype or b.ndim != a.ndim
                     or memcmp(b.shape, a.shape, a.ndim * sizeof(int64_t)) or _contiguous_count(&b) != o.count
-                    or y.is_neg()):
+                    or b.data == NULL):
                 return False
             o.out = <char*>b.data + b.byte_offset
-        if self.grad_enabled() and y.requires_grad:
+        # Python from here on (the DLTensors' shapes are read): torch's dtype where DLPack's says too little
+        # (its 1- to 7-bit integers are described as 8-bit), the negative bit, grad
+        if self.tensor_dtypes[o.dtype].bits == 8 and (x.dtype is not self.torch_dtypes[o.dtype]
+                                                      or y.dtype is not self.torch_dtypes[o.dtype]):
+            return False
+        if x.is_neg() or y is not x and y.is_neg() or self.grad_enabled() and y.requires_grad:
             return False
         o.cuda, o.stream, o.tensor = cuda, 0, True
         if cuda:

@@ -91,6 +91,8 @@ def _inspect_tensor(t: Any, name: str, writable: bool) -> Array:
         raise TypeError(f"unsupported dtype {t.dtype}: hfr reduces {', '.join(d.name for d in DTYPES)}")
     if not t.is_contiguous():
         raise ValueError(f"{name} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+    if t.numel() and t.data_ptr() == 0:
+        raise ValueError(f"{name} has no memory (a freed storage, or one of torch's zero tensors)")
     if t.is_neg():
         raise ValueError(f"{name} has torch's negative bit set (a lazily negated view, such as z.conj().imag): "
                          f"pass {name}.resolve_neg()")

@@ -267,10 +267,12 @@ class ProcessGroupHFR(dist.ProcessGroup):
         # A blocking call of one tensor (torch waits for it at once) that hfr's front (hfr/_front.pyx) takes,
         # a CPU tensor or a CUDA one on the device the group has met, while no other call is unfinished,
         # runs here, on this thread, and returns no Work: torch takes None as a call the backend has
-        # synchronised (since its options carry asyncOp), and the call's failure raises from here. (The front
-        # leaves a tensor that requires grad, while grad mode is on, to the path below, which detaches it.)
+        # synchronised (since its options carry asyncOp), and the call's failure raises from here. The front
+        # takes torch.Tensor itself (a subclass, such as a Parameter, is detached into one) and leaves one that
+        # requires grad, while grad mode is on, to the path below, which detaches it.
         if len(tensors) == 1 and not getattr(opts, "asyncOp", True) and self.hfr._front is not None:
-            if self.hfr._front.allreduce(tensors[0], op, None) is not None:
+            t = tensors[0]
+            if self.hfr._front.allreduce(t if type(t) is torch.Tensor else t.detach(), op, None) is not None:
                 return None
         self._check(tensors)
         return self._work([self.hfr.allreduce_async(t.detach(), op) for t in tensors], lambda: tensors, tensors)

@@ -2,10 +2,11 @@
 Python, on every rank of the job; each call's result is checked element by element against a float64
 reference (or its error and the caller's arrays against what the checks promise).
 
-argv[1]: local_size (or "none"); argv[2] (optional) "no-exchange-api": torch.Tensor without its DLPack exchange
-API (as a torch before 2.11 is), so that the front takes no tensor and the engine's Python takes them all. A spy counts the calls that the engine's Python runs (Engine.run_held,
-which every call not run in C reaches: those handed to Engine.run, and across nodes those whose rail
-schedules the engine has yet to make).
+argv[1]: local_size (or "none"); argv[2] (optional) "no-exchange-api": torch.Tensor without its DLPack
+exchange API (as a torch before 2.11 is), so that the front takes no tensor and the engine's Python takes
+them all. A spy counts the calls that the engine's Python runs (Engine.run_held, which every call not run in
+C reaches: those handed to Engine.run, and across nodes those whose rail schedules the engine has yet to
+make).
 """
 import pickle
 import sys
@@ -150,7 +151,9 @@ if torch is not None:
     def as_numpy(t, dtype):
         return t.to(torch.float64).numpy().astype(dtype)
 
-    for np_dtype, dtype in ((np.float32, torch.float32), (ml_dtypes.bfloat16, torch.bfloat16), (np.int32, torch.int32)):
+    for np_dtype, dtype in ((np.float32, torch.float32), (np.float16, torch.float16),
+                            (ml_dtypes.bfloat16, torch.bfloat16), (np.float64, torch.float64), (np.int8, torch.int8), (np.uint8, torch.uint8),
+                            (np.int32, torch.int32), (np.int64, torch.int64)):
         for op in ("sum", "max"):
             for _ in range(3 if first_of_shape else 0):  # across nodes: the shape's schedules, made by Python
                 seed += 1
@@ -176,10 +179,16 @@ if torch is not None:
     for what, make in [("a 2-D tensor", lambda t: comm.allreduce(t.reshape(1, n)).reshape(n)),
                        ("a size-1 dimension's stride", lambda t: comm.allreduce(t.reshape(n, 1).t()).reshape(n)),
                        ("a slice", lambda t: comm.allreduce(torch.cat([torch.full((3,), 99.0), t])[3:])),
+
                        ("into a slice", lambda t: comm.allreduce(t, out=torch.full((n + 3,), 99.0)[3:]))]:
         seed += 1
         check(lambda: make(tensor(torch.float32, seed)).numpy(), n, np.float32, "sum", seed, by_python=no_exchange_api,
               what=what)
+    for _ in range(3 if first_of_shape else 0):  # across nodes: the shape's schedules, made by Python
+        comm.allreduce(torch.tensor(1.0))
+    seed += 1
+    check(lambda: comm.allreduce(tensor(torch.float32, seed)[0].clone()).reshape(1).numpy(), 1, np.float32, "sum", seed,
+          by_python=no_exchange_api, what="a 0-d tensor")
     seed += 1
     param = torch.nn.Parameter(tensor(torch.float32, seed), requires_grad=False)  # a subclass: by Python
     check(lambda: comm.allreduce(param).detach().numpy(), n, np.float32, "sum", seed, by_python=True, what="a Parameter")
@@ -190,6 +199,21 @@ if torch is not None:
     refused(ValueError, "not contiguous", lambda: comm.allreduce(torch.ones((2, n)).t()))
     refused(ValueError, "not contiguous", lambda: comm.allreduce(t, out=torch.zeros((n, 2))[:, 0]))
     refused(TypeError, "dense CPU or CUDA tensor", lambda: comm.allreduce(torch.ones(n).to_sparse()))
+    # DLPack describes torch's 1- to 7-bit integers as 8-bit ones: the front asks torch
+    nibbles = torch.full((n,), 9, dtype=torch.uint8).view(torch.uint4)
+    refused(TypeError, "unsupported dtype torch.uint4", lambda: comm.allreduce(nibbles))
+    refused(TypeError, "unsupported dtype torch.int4", lambda: comm.allreduce(torch.ones(n, dtype=torch.int8),
+                                                               out=torch.zeros(n, dtype=torch.int8).view(torch.int4)))
+    refused(TypeError, "unsupported dtype torch.bool", lambda: comm.allreduce(torch.ones(n, dtype=torch.bool)))
+    assert torch.equal(nibbles.view(torch.uint8), torch.full((n,), 9, dtype=torch.uint8)), "a refused call wrote"
+    freed = torch.ones(n)
+    freed.untyped_storage().resize_(0)  # as FSDP frees a parameter: its shape stays
+    refused(ValueError, "has no memory", lambda: comm.allreduce(freed))
+    refused(ValueError, "has no memory", lambda: comm.allreduce(t, out=freed))
+    both = torch.full((2 * n,), 5.0)
+    refused(ValueError, "partly overlaps", lambda: comm.allreduce(both[:n], out=both[1 : n + 1]),
+            (both, torch.full((2 * n,), 5.0)))
+    check(lambda: comm.allreduce(torch.ones(0)).numpy(), 0, np.float32, "sum", seed, by_python=True, what="empty")
     # -3, lazily: its memory holds 3 (contiguous: one element; the imaginary parts of more have a stride of 2)
     negated = torch.tensor([2 + 3j], dtype=torch.complex64).conj().imag
     refused(ValueError, "negative bit", lambda: comm.allreduce(negated))
@@ -197,7 +221,8 @@ if torch is not None:
     assert torch.equal(negated, torch.tensor([-3.0])), "a refused call changed the negated view"
     refused(TypeError, "out has dtype", lambda: comm.allreduce(t, out=torch.zeros(n, dtype=torch.float64)))
     refused(ValueError, "out has shape", lambda: comm.allreduce(t, out=torch.zeros(n + 1)))
-    refused(ValueError, "out is a numpy array, x is a torch tensor", lambda: comm.allreduce(t, out=np.zeros(n, np.float32)))
+    refused(ValueError, "out is a numpy array, x is a torch tensor",
+            lambda: comm.allreduce(t, out=np.zeros(n, np.float32)))
     # neither on the CPU nor on CUDA (a meta tensor has no data, and its device index reads as a CPU's): the
     # front leaves them to the checks
     refused(TypeError, "x must be a dense CPU or CUDA tensor", lambda: comm.allreduce(torch.ones(n, device="meta")))
