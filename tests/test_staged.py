@@ -25,6 +25,11 @@ def fake_cuda(tmp_path_factory) -> dict:
     return {"PYTHONPATH": f"{FAKE}:{REPO}", "LD_LIBRARY_PATH": str(lib)}
 
 
+def test_a_communicator_of_one_rank_takes_cuda_arrays(fake_cuda):
+    """One rank: every collective's result is its input, copied on the caller's stream where out is apart."""
+    assert "staged alone ok" in run_mpi(1, "staged_worker.py", "alone", env=fake_cuda, timeout=60).stdout
+
+
 @pytest.mark.parametrize("nprocs,local_size", LAYOUTS)
 def test_cuda_calls_in_c_are_right(fake_cuda, nprocs, local_size):
     env = {**fake_cuda, **({"HFR_LOCAL_SIZE": str(local_size)} if local_size else {})}

@@ -10,7 +10,9 @@ communicator, then a new communicator's calls, right; or "cancel": a signal hand
 communicator while rank 0's call of five chunks waits for peers that never come (its copies in queued):
 the call ends cancelled, x untouched, the context popped, then a new communicator's calls right; or
 "mismatch": rounds of a call whose count differs on rank 0 (one chunk or several, whole, folded across
-nodes), MismatchError on every rank, each followed by a matched call right element by element.
+nodes), MismatchError on every rank, each followed by a matched call right element by element; or "alone": a
+communicator of one rank, whose calls copy on the caller's stream (no engine), blocking and async, every
+collective, in place and out of place.
 """
 import ctypes
 import os
@@ -84,7 +86,26 @@ def communicator(**kwargs):
 
 
 mode = sys.argv[1]
-if mode == "calls":
+if mode == "alone":
+    assert size == 1
+    comm = hfr.Communicator(world)
+    for count in (0, 1, 7, 30001):
+        host = values(np.float32, count)
+        x = cupy.asarray(host)
+        assert comm.allreduce(x) is x and np.array_equal(cupy.asnumpy(x), host), "in place"
+        out = cupy.asarray(np.full(count, 7, np.float32))
+        assert comm.allreduce(x, "avg", out=out) is out and np.array_equal(cupy.asnumpy(out), host), "out of place"
+        out = cupy.asarray(np.full(count, 7, np.float32))
+        assert comm.allreduce_async(x, "max", out=out).wait() is out and np.array_equal(cupy.asnumpy(out), host)
+        for collective in ("reduce_scatter", "allgather"):
+            out = cupy.asarray(np.full(count, 7, np.float32))
+            assert getattr(comm, collective)(x, out) is out and np.array_equal(cupy.asnumpy(out), host), collective
+        out = cupy.asarray(np.full(count, 7, np.float32))
+        assert comm.reduce(x, 0, out=out) is out and np.array_equal(cupy.asnumpy(out), host), "reduce"
+        assert comm.broadcast(x) is x and np.array_equal(cupy.asnumpy(x), host), "broadcast"
+    comm.close()
+    print("rank 0: staged alone ok", flush=True)
+elif mode == "calls":
     comm = communicator()
     # 1024 float32: the largest whole call (its result through the rank's staging); 30001: the result slot;
     # 300007: several chunks (float32 five, more than the stages), on the Communicator's own streams

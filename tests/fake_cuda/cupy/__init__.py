@@ -36,6 +36,9 @@ class ndarray:  # noqa: N801 (CuPy's name)
     def __getitem__(self, key):
         return ndarray(self.a[key], self._device_id)
 
+    def __setitem__(self, key, value):  # a copy on the current stream: at once, device memory being host memory
+        self.a[key] = value.a if isinstance(value, ndarray) else value
+
 
 def asarray(a) -> ndarray:
     return ndarray(np.array(a))

@@ -38,6 +38,12 @@ class Stream:
     def synchronize(self) -> None:
         pass
 
+    def __enter__(self):  # current within the block: the fake's copies run at once, on no stream of their own
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
 
 Stream.null = Stream(ptr=0)
 
