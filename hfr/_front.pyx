@@ -143,7 +143,7 @@ cdef class Front:
     cdef object tensor_type, dlpack_capsule, grad_enabled, increment_version
     cdef DLPackExchangeAPI* dlpack
     cdef DLDataType tensor_dtypes[MAX_DTYPES]
-    cdef list torch_dtypes
+    cdef list tensor_torch_dtypes
 
     def __cinit__(self):
         self.order = PyThread_allocate_lock()
@@ -373,14 +373,14 @@ cdef class Front:
         cdef int d
         for d in range(MAX_DTYPES):
             self.tensor_dtypes[d].code, self.tensor_dtypes[d].bits = 255, 0  # none: no tensor has it
-        self.torch_dtypes = [None] * MAX_DTYPES
+        self.tensor_torch_dtypes = [None] * MAX_DTYPES
         for theirs, ours in torch_dtypes(torch).items():
             sample = torch.empty(1, dtype=theirs, device="cpu")
             if api.dltensor_from_py_object_no_sync(<void*>sample, &t):
                 PyErr_Clear()
                 return
             d = self.dtype_codes[ours]
-            self.tensor_dtypes[d], self.torch_dtypes[d] = t.dtype, theirs
+            self.tensor_dtypes[d], self.tensor_torch_dtypes[d] = t.dtype, theirs
         self.dlpack, self.dlpack_capsule = api, capsule
 
     cdef bint _tensor_operands(self, x, out, Operands* o) except -1:
@@ -414,8 +414,8 @@ cdef class Front:
             o.out = <char*>b.data + b.byte_offset
         # Python from here on (the DLTensors' shapes are read): torch's dtype where DLPack's says too little
         # (its 1- to 7-bit integers are described as 8-bit), the negative bit, grad
-        if self.tensor_dtypes[o.dtype].bits == 8 and (x.dtype is not self.torch_dtypes[o.dtype]
-                                                      or y.dtype is not self.torch_dtypes[o.dtype]):
+        cdef object dtype = self.tensor_torch_dtypes[o.dtype]
+        if self.tensor_dtypes[o.dtype].bits == 8 and (x.dtype is not dtype or y.dtype is not dtype):
             return False
         if x.is_neg() or y is not x and y.is_neg() or self.grad_enabled() and y.requires_grad:
             return False
