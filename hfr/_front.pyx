@@ -388,8 +388,8 @@ cdef class Front:
         described by torch's DLPack exchange API, both on the CPU or both on our CUDA device (once take_cuda),
         of one of our dtypes, contiguous, not empty, with memory, without torch's negative bit (a lazy negation,
         which DLPack does not carry), the one written not requiring grad while grad mode is on, out of x's dtype
-        and shape, either x's memory or apart from it; into o. A CUDA tensor's copies follow
-        torch's current stream of the device."""
+        and shape, either x's memory or apart from it; into o. A CUDA tensor's copies follow torch's current
+        stream of the device."""
         cdef DLTensor a, b
         if not self._described(x, &a):
             return False

@@ -499,7 +499,8 @@ cpdef Py_ssize_t cache_chunk_bytes(Py_ssize_t cache_bytes, int local_size, Py_ss
                                    bint oversubscribed=False):
     """The chunk of a host array's call on one node (the engine's NodeCall gets it): the largest multiple of
     CHUNK_ALIGN_BYTES whose STAGES stages (local_size input slots and a result slot each) fit the budget
-    (_stages_budget) of the node's share of the cache, cache_bytes, within [MIN_CACHE_CHUNK_BYTES, chunk_bytes].
+    (_stages_budget) of the node's share of the cache, cache_bytes, within [MIN_CACHE_CHUNK_BYTES,
+    chunk_bytes].
     chunk_bytes where the cache is unknown (0), or where the host's ranks outnumber its cores
     (oversubscribed): a rank that waits for another then waits for the scheduler to run it, so each chunk's
     hand-offs cost a time slice (bench/RESULTS.md)."""
@@ -512,8 +513,8 @@ cpdef Py_ssize_t cache_chunk_bytes(Py_ssize_t cache_bytes, int local_size, Py_ss
 
 cdef void _stores(Plan* p, int local_size, Py_ssize_t cache_bytes) noexcept nogil:
     """How the call's stores go (kernels' Stores): into the segment and into out alike, cached while the
-    node's working set of what they write fits its budget (_stored_budget), else streamed past it: the stages in
-    flight for the segment, and with them every rank's x and out for out. By each store's size where the
+    node's working set of what they write fits its budget (_stored_budget), else streamed past it: the stages
+    in flight for the segment, and with them every rank's x and out for out. By each store's size where the
     cache is unknown (0), and for a staged call, whose result the device's copy engine reads, not a core:
     there streaming from 1 MiB made CuPy's 186 MiB call 1.3-1.4x faster on the GPU host (bench/RESULTS.md)."""
     cdef Py_ssize_t stages = min(p.total, STAGES * p.chunk) * (local_size + 1)

@@ -152,8 +152,9 @@ if torch is not None:
         return t.to(torch.float64).numpy().astype(dtype)
 
     for np_dtype, dtype in ((np.float32, torch.float32), (np.float16, torch.float16),
-                            (ml_dtypes.bfloat16, torch.bfloat16), (np.float64, torch.float64), (np.int8, torch.int8), (np.uint8, torch.uint8),
-                            (np.int32, torch.int32), (np.int64, torch.int64)):
+                            (ml_dtypes.bfloat16, torch.bfloat16), (np.float64, torch.float64),
+                            (np.int8, torch.int8), (np.uint8, torch.uint8), (np.int32, torch.int32),
+                            (np.int64, torch.int64)):
         for op in ("sum", "max"):
             for _ in range(3 if first_of_shape else 0):  # across nodes: the shape's schedules, made by Python
                 seed += 1
