@@ -82,6 +82,24 @@ cdef extern from *:
         for (; i < n; i++)
             acc[i] = divisor == 1.0f ? acc[i] + _cvtsh_ss(src[i]) : (acc[i] + _cvtsh_ss(src[i])) / divisor;
     }
+    /* acc += a, b and c widened, in that order (three inputs of a sum in one pass over acc) */
+    static void hfr_f16c_sum3(float *acc, const uint16_t *a, const uint16_t *b, const uint16_t *c, Py_ssize_t n) {
+        Py_ssize_t i = 0;
+    #if defined(__AVX512F__)
+        for (; i + 16 <= n; i += 16) {
+            __m512 s = _mm512_add_ps(_mm512_loadu_ps(acc + i), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i))));
+            s = _mm512_add_ps(s, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + i))));
+            _mm512_storeu_ps(acc + i, _mm512_add_ps(s, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + i)))));
+        }
+    #endif
+        for (; i + 8 <= n; i += 8) {
+            __m256 s = _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))));
+            s = _mm256_add_ps(s, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i))));
+            _mm256_storeu_ps(acc + i, _mm256_add_ps(s, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c + i)))));
+        }
+        for (; i < n; i++)
+            acc[i] = ((acc[i] + _cvtsh_ss(a[i])) + _cvtsh_ss(b[i])) + _cvtsh_ss(c[i]);
+    }
     static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {
         Py_ssize_t i = 0;
     #if defined(__AVX512F__)
@@ -97,12 +115,14 @@ cdef extern from *:
     #define hfr_f16c 0
     static void hfr_f16c_widen(float *dst, const uint16_t *src, Py_ssize_t n) {}
     static void hfr_f16c_sum(float *acc, const uint16_t *src, Py_ssize_t n, float divisor) {}
+    static void hfr_f16c_sum3(float *acc, const uint16_t *a, const uint16_t *b, const uint16_t *c, Py_ssize_t n) {}
     static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {}
     #endif
     """
     const bint hfr_f16c
     void hfr_f16c_widen(float* dst, const uint16_t* src, Py_ssize_t n) noexcept nogil
     void hfr_f16c_sum(float* acc, const uint16_t* src, Py_ssize_t n, float divisor) noexcept nogil
+    void hfr_f16c_sum3(float* acc, const uint16_t* a, const uint16_t* b, const uint16_t* c, Py_ssize_t n) noexcept nogil
     void hfr_f16c_narrow(uint16_t* dst, const float* src, Py_ssize_t n) noexcept nogil
 
 
@@ -321,6 +341,16 @@ cdef void _sum_half(float* acc, const half_t* x, Py_ssize_t m, Py_ssize_t diviso
             acc[i] = (acc[i] + _widened(x[i])) / d
 
 
+cdef void _sum_half3(float* acc, const half_t* a, const half_t* b, const half_t* c, Py_ssize_t m) noexcept nogil:
+    """acc[i] = ((acc[i] + a[i]) + b[i]) + c[i], each widened as it is read: three inputs of a sum a pass."""
+    cdef Py_ssize_t i
+    if half_t is fp16_t and hfr_f16c:
+        hfr_f16c_sum3(acc, <const uint16_t*>a, <const uint16_t*>b, <const uint16_t*>c, m)
+        return
+    for i in range(m):
+        acc[i] = ((acc[i] + _widened(a[i])) + _widened(b[i])) + _widened(c[i])
+
+
 cdef inline float _widened(half_t h) noexcept nogil:
     if half_t is bf16_t:
         return _bf16_to_f32(h.bits)
@@ -347,6 +377,29 @@ cdef void _narrow(half_t* dst, const float* src, Py_ssize_t m) noexcept nogil:
             dst[i].bits = _f32_to_bf16(src[i])
         else:
             dst[i].bits = _f32_to_fp16(src[i])
+
+
+cdef void _fold_half_tile(float* acc, float* tmp, half_t** xs, Py_ssize_t start, int k, Py_ssize_t m, int op,
+                          Py_ssize_t divisor) noexcept nogil:
+    """acc[:m] = xs[0][start:start+m] op ... op xs[k-1][...], widened to float32 (tmp: scratch for a widened
+    input), then / divisor where it is not 1 (avg). As _fold_tile, a sum folds three inputs a pass after the
+    first (whose widening is a pass of its own); avg divides in the last pass where it folds one input."""
+    cdef int j = 1  # xs[:j] are folded into acc
+    cdef bint divided = divisor == 1
+    _widen(acc, xs[0] + start, m)
+    while op == SUM and j + 3 <= k:
+        _sum_half3(acc, xs[j] + start, xs[j + 1] + start, xs[j + 2] + start, m)
+        j += 3
+    while j < k:
+        if op == SUM:  # avg too: a divisor other than 1 comes only with SUM
+            _sum_half(acc, xs[j] + start, m, divisor if j == k - 1 else 1)
+            divided = divided or j == k - 1
+        else:
+            _widen(tmp, xs[j] + start, m)
+            _fold(acc, tmp, m, op)
+        j += 1
+    if not divided:
+        _divide(acc, m, divisor)
 
 
 # ---- one block, then all blocks -----------------------------------------------------------------
@@ -380,16 +433,8 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
     while start < hi:
         m = min(tile, hi - start)
         dst = <any_t*>tmp if stream else out + start
-        if any_t is bf16_t or any_t is fp16_t:  # avg divides in the last fold, or alone for k == 1
-            _widen(acc, xs[0] + start, m)
-            for j in range(1, k):
-                if op == SUM:  # avg too: a divisor other than 1 comes only with SUM
-                    _sum_half(acc, xs[j] + start, m, divisor if j == k - 1 else 1)
-                else:
-                    _widen(tmp, xs[j] + start, m)
-                    _fold(acc, tmp, m, op)
-            if k == 1 and divisor != 1:
-                _divide(acc, m, divisor)
+        if any_t is bf16_t or any_t is fp16_t:
+            _fold_half_tile(acc, tmp, xs, start, k, m, op, divisor)
             _narrow(dst, acc, m)
         else:
             _fold_tile(dst, xs, start, k, m, op, divisor)

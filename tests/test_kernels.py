@@ -97,7 +97,7 @@ def test_avg_matches_reference(backend, dtype):
     """avg: the sum divided by the divisor in the accumulation type, rounded once, in the same pass."""
     rng = np.random.default_rng([DTYPES.index(dtype), 9])
     for n in (0, 1, 7, 100003, 300007):
-        for k, divisor in ((1, 1), (1, 4), (2, 2), (3, 7), (8, 8)):
+        for k, divisor in ((1, 1), (1, 4), (2, 2), (3, 7), (4, 4), (7, 3), (8, 8)):
             inputs = [random_array(dtype, n, rng) for _ in range(k)]
             want = np.empty_like(inputs[0])
             _reduce_numpy(want, inputs, Op.AVG, 1, divisor)
@@ -225,7 +225,7 @@ def test_every_simd_level_gives_the_reference_bits(simd_level):
     every half-type bit pattern, bit for bit (a NaN matches any NaN: its payload is the hardware's)."""
     rng = np.random.default_rng(6)
     for dtype in DTYPES:
-        for k in (1, 2, 3):  # 300007 elements: from 4-byte types on, out is written with streaming stores
+        for k in (1, 2, 3, 4):  # 300007 elements: from 4-byte types on, out is written with streaming stores
             inputs = [random_array(dtype, 300007, rng) for _ in range(k)]
             for op in OPS:
                 check("cython", inputs, op, 1, rng)
