@@ -1,9 +1,18 @@
 """A stand-in for CuPy over NumPy host memory, with tests/fake_cuda/libcuda.c: what hfr asks of CuPy (an
 ndarray's memory, device, dtype, shape and flags; devices, streams, events, the runtime's copies), for
 tests/test_staged.py on machines without a GPU. Device memory is host memory."""
+import ctypes
+
 import numpy as np
 
 from . import cuda
+
+# The libcuda.so.1 this process binds (hfr's too, by the same name) must be the fake one LD_LIBRARY_PATH points
+# at: a real driver loaded first would take these host arrays for device memory (CUDA_ERROR_INVALID_VALUE).
+_driver = ctypes.CDLL("libcuda.so.1")
+if not hasattr(_driver, "fake_depth"):
+    raise ImportError("libcuda.so.1 here is not tests/fake_cuda's but "
+                      f"{sorted({line.split()[-1] for line in open('/proc/self/maps') if 'libcuda' in line})}")
 
 
 class _Memory:
@@ -58,15 +67,11 @@ class RawModule:
     """CuPy's RawModule over the fake driver: its functions are the fake's kernels, known by name."""
 
     def __init__(self, code: str, options=(), name_expressions=None, backend: str = "nvrtc"):
-        import ctypes
-
-        self._driver = ctypes.CDLL("libcuda.so.1")
+        self._driver = _driver
         self._module = ctypes.c_void_p()
         self._driver.cuModuleLoadData(ctypes.byref(self._module), ctypes.c_char_p(code.encode()))
 
     def get_function(self, name: str) -> _Function:
-        import ctypes
-
         function = ctypes.c_void_p()
         self._driver.cuModuleGetFunction(ctypes.byref(function), self._module, name.encode())
         return _Function(function.value)
