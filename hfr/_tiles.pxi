@@ -228,8 +228,8 @@ cdef void _fold_tile(elem_t* dst, elem_t** xs, Py_ssize_t start, int k, Py_ssize
                      Py_ssize_t divisor) noexcept nogil:
     """dst[:m] = xs[0][start:start+m] op ... op xs[k-1][...] (dst may be xs[0] + start itself), then / divisor
     where it is not 1 (float sums only: avg). The tile is in L2, the inputs mostly not: each pass over it
-    reads it back, so a sum folds its inputs four, then three, a pass (two to four passes fewer for 4-8 inputs:
-    1.4x faster in cache, 2x beyond it for 4 inputs); other ops, rare in training, one a pass. The same
+    reads it back, so a sum folds its inputs four, then three, a pass (4 inputs: one pass, not four; 8: three,
+    not eight; 1.6-1.9x faster on the dev VM: bench/RESULTS.md); other ops, rare in training, one a pass. The same
     operations in the same order, so the same bits, either way. avg divides in the last pass where it folds
     one input, else in a pass of its own."""
     cdef int j = 1  # xs[:j] are folded into dst
