@@ -4,6 +4,9 @@ GB/s counts the bytes a kernel must move: (k+1)*bytes for k inputs (k reads, one
 copy. copy% is a backend's GB/s over the copy's; xchain is the time of a chain of k-1 np.add calls (in the
 dtype itself, one thread, as NumPy does it) over the backend's time. Each repeat times the copy, every
 backend and the chain back to back, so that a noisy machine shifts them together; the table shows medians.
+A sample is as many calls in a row as it takes one input's bytes to add up to 64 MiB (one call from 64 MiB on),
+so a size that fits the cache (a protocol's chunk: --size-mib 0.25) is timed in it, over a millisecond or more;
+each backend's kernel is called with the arguments hfr.kernels.reduce_into checked once, before the timing.
 
     python bench/kernels_perf.py [--size-mib 64] [--k 2 4 8] [--dtypes float32 ...] [--threads 1 2]
 """
@@ -40,10 +43,15 @@ def add_chain(out: np.ndarray, inputs: list[np.ndarray]) -> None:
         np.add(out, x, out=out)
 
 
-def seconds(fn) -> float:
+SAMPLE_BYTES = 64 << 20  # a sample's calls move at least this much of one input
+
+
+def seconds(fn, calls: int) -> float:
+    """Seconds a call of fn, over `calls` calls in a row."""
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
 
 
 def measure(dtype, k: int, threads: int, nbytes: int, backends: list[str], repeats: int, chain: bool) -> dict:
@@ -54,14 +62,16 @@ def measure(dtype, k: int, threads: int, nbytes: int, backends: list[str], repea
     out = np.empty_like(inputs[0])
     copy_dst = np.empty_like(inputs[0])
     runs = {"copy": lambda: parallel_copy(copy_dst, inputs[0], threads)}
+    checked = kernels.check_arguments(out, inputs, "sum", None)  # once: reduce_into's checks cost ~5-8 us a call
     for b in backends:
-        runs[b] = lambda b=b: kernels.reduce_into(out, inputs, "sum", backend=b, threads=threads)
+        runs[b] = lambda fn=kernels._choose(b): fn(*checked[:3], threads, checked[3])
     if chain:
         runs["chain"] = lambda: add_chain(out, inputs)
     times: dict[str, list[float]] = {name: [] for name in runs}
+    calls = max(1, SAMPLE_BYTES // max(nbytes, 1))
     for rep in range(repeats + 1):  # the first is the warm-up
         for name, fn in runs.items():
-            t = seconds(fn)
+            t = seconds(fn, calls)
             if rep:
                 times[name].append(t)
     return {name: statistics.median(ts) for name, ts in times.items()}
