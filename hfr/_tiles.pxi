@@ -82,23 +82,31 @@ cdef extern from *:
         for (; i < n; i++)
             acc[i] = divisor == 1.0f ? acc[i] + _cvtsh_ss(src[i]) : (acc[i] + _cvtsh_ss(src[i])) / divisor;
     }
-    /* acc += a, b and c widened, in that order (three inputs of a sum in one pass over acc) */
-    static void hfr_f16c_sum3(float *acc, const uint16_t *a, const uint16_t *b, const uint16_t *c, Py_ssize_t n) {
+    /* acc += a, b and c widened, in that order (three inputs of a sum in one pass over acc), then / divisor
+       where it is not 1 (avg's last pass) */
+    static void hfr_f16c_sum3(float *acc, const uint16_t *a, const uint16_t *b, const uint16_t *c, Py_ssize_t n,
+                              float divisor) {
         Py_ssize_t i = 0;
+        __m256 d = _mm256_set1_ps(divisor);
     #if defined(__AVX512F__)
+        __m512 d16 = _mm512_set1_ps(divisor);
         for (; i + 16 <= n; i += 16) {
             __m512 s = _mm512_add_ps(_mm512_loadu_ps(acc + i), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i))));
             s = _mm512_add_ps(s, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + i))));
-            _mm512_storeu_ps(acc + i, _mm512_add_ps(s, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + i)))));
+            s = _mm512_add_ps(s, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + i))));
+            _mm512_storeu_ps(acc + i, divisor == 1.0f ? s : _mm512_div_ps(s, d16));
         }
     #endif
         for (; i + 8 <= n; i += 8) {
             __m256 s = _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))));
             s = _mm256_add_ps(s, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i))));
-            _mm256_storeu_ps(acc + i, _mm256_add_ps(s, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c + i)))));
+            s = _mm256_add_ps(s, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c + i))));
+            _mm256_storeu_ps(acc + i, divisor == 1.0f ? s : _mm256_div_ps(s, d));
         }
-        for (; i < n; i++)
-            acc[i] = ((acc[i] + _cvtsh_ss(a[i])) + _cvtsh_ss(b[i])) + _cvtsh_ss(c[i]);
+        for (; i < n; i++) {
+            float s = ((acc[i] + _cvtsh_ss(a[i])) + _cvtsh_ss(b[i])) + _cvtsh_ss(c[i]);
+            acc[i] = divisor == 1.0f ? s : s / divisor;
+        }
     }
     static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {
         Py_ssize_t i = 0;
@@ -115,14 +123,16 @@ cdef extern from *:
     #define hfr_f16c 0
     static void hfr_f16c_widen(float *dst, const uint16_t *src, Py_ssize_t n) {}
     static void hfr_f16c_sum(float *acc, const uint16_t *src, Py_ssize_t n, float divisor) {}
-    static void hfr_f16c_sum3(float *acc, const uint16_t *a, const uint16_t *b, const uint16_t *c, Py_ssize_t n) {}
+    static void hfr_f16c_sum3(float *acc, const uint16_t *a, const uint16_t *b, const uint16_t *c, Py_ssize_t n,
+                              float divisor) {}
     static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {}
     #endif
     """
     const bint hfr_f16c
     void hfr_f16c_widen(float* dst, const uint16_t* src, Py_ssize_t n) noexcept nogil
     void hfr_f16c_sum(float* acc, const uint16_t* src, Py_ssize_t n, float divisor) noexcept nogil
-    void hfr_f16c_sum3(float* acc, const uint16_t* a, const uint16_t* b, const uint16_t* c, Py_ssize_t n) noexcept nogil
+    void hfr_f16c_sum3(float* acc, const uint16_t* a, const uint16_t* b, const uint16_t* c, Py_ssize_t n,
+                       float divisor) noexcept nogil
     void hfr_f16c_narrow(uint16_t* dst, const float* src, Py_ssize_t n) noexcept nogil
 
 
@@ -209,17 +219,30 @@ cdef void _combine(elem_t* dst, const elem_t* a, const elem_t* b, Py_ssize_t m, 
             dst[i] = a[i] if (a[i] < b[i]) | (a[i] != a[i]) else b[i]
 
 
-cdef void _sum4(elem_t* dst, const elem_t* a, const elem_t* b, const elem_t* c, const elem_t* e,
-                Py_ssize_t m) noexcept nogil:
-    """dst[i] = ((a[i] + b[i]) + c[i]) + e[i]: a sum's first four inputs in one pass (dst is none of them)."""
+cdef void _sum4(elem_t* dst, const elem_t* a, const elem_t* b, const elem_t* c, const elem_t* e, Py_ssize_t m,
+                Py_ssize_t divisor) noexcept nogil:
+    """dst[i] = ((a[i] + b[i]) + c[i]) + e[i]: a sum's first four inputs in one pass (dst is none of them), then
+    / divisor where it is not 1 (floats: avg's last pass)."""
     cdef Py_ssize_t i
+    if elem_t is float or elem_t is double:
+        if divisor != 1:
+            for i in range(m):
+                dst[i] = (((a[i] + b[i]) + c[i]) + e[i]) / <elem_t>divisor
+            return
     for i in range(m):
         dst[i] = ((a[i] + b[i]) + c[i]) + e[i]
 
 
-cdef void _sum3_into(elem_t* acc, const elem_t* a, const elem_t* b, const elem_t* c, Py_ssize_t m) noexcept nogil:
-    """acc[i] = ((acc[i] + a[i]) + b[i]) + c[i]: three more inputs of a sum in one pass."""
+cdef void _sum3_into(elem_t* acc, const elem_t* a, const elem_t* b, const elem_t* c, Py_ssize_t m,
+                     Py_ssize_t divisor) noexcept nogil:
+    """acc[i] = ((acc[i] + a[i]) + b[i]) + c[i]: three more inputs of a sum in one pass, then / divisor where it
+    is not 1 (floats: avg's last pass)."""
     cdef Py_ssize_t i
+    if elem_t is float or elem_t is double:
+        if divisor != 1:
+            for i in range(m):
+                acc[i] = (((acc[i] + a[i]) + b[i]) + c[i]) / <elem_t>divisor
+            return
     for i in range(m):
         acc[i] = ((acc[i] + a[i]) + b[i]) + c[i]
 
@@ -229,34 +252,31 @@ cdef void _fold_tile(elem_t* dst, elem_t** xs, Py_ssize_t start, int k, Py_ssize
     """dst[:m] = xs[0][start:start+m] op ... op xs[k-1][...] (dst may be xs[0] + start itself), then / divisor
     where it is not 1 (float sums only: avg). The tile is in L2, the inputs mostly not: each pass over it
     reads it back, so a sum folds its inputs four, then three, a pass (4 inputs: one pass, not four; 8: three,
-    not eight; 1.6-1.9x faster on the dev VM: bench/RESULTS.md); other ops, rare in training, one a pass. The same
-    operations in the same order, so the same bits, either way. avg divides in the last pass where it folds
-    one input, else in a pass of its own."""
+    not eight; in cache 1.6-1.9x faster on the dev VM: bench/RESULTS.md); other ops, rare in training, one a
+    pass. The same operations in the same order, so the same bits, either way. avg divides in the last pass
+    (in a pass of its own only for one input)."""
     cdef int j = 1  # xs[:j] are folded into dst
-    cdef bint divided = divisor == 1
     if dst != xs[0] + start:
         if op == SUM and k >= 4:
-            _sum4(dst, xs[0] + start, xs[1] + start, xs[2] + start, xs[3] + start, m)
+            _sum4(dst, xs[0] + start, xs[1] + start, xs[2] + start, xs[3] + start, m, divisor if k == 4 else 1)
             j = 4
         elif k >= 2:
             _combine(dst, xs[0] + start, xs[1] + start, m, op, divisor if k == 2 else 1)
-            j, divided = 2, divided or k == 2
+            j = 2
         else:
             memcpy(dst, xs[0] + start, m * sizeof(elem_t))
     while op == SUM and j + 3 <= k:
-        _sum3_into(dst, xs[j] + start, xs[j + 1] + start, xs[j + 2] + start, m)
+        _sum3_into(dst, xs[j] + start, xs[j + 1] + start, xs[j + 2] + start, m, divisor if j + 3 == k else 1)
         j += 3
     while j < k:
         if elem_t is float or elem_t is double:
-            if j == k - 1 and not divided:
+            if j == k - 1 and divisor != 1:
                 _add_divide(dst, xs[j] + start, m, divisor)
-                divided = True
-                j += 1
-                continue
+                break
         _fold(dst, xs[j] + start, m, op)
         j += 1
     if elem_t is float or elem_t is double:
-        if not divided:
+        if k == 1 and divisor != 1:
             _divide(dst, m, divisor)
 
 
@@ -341,14 +361,20 @@ cdef void _sum_half(float* acc, const half_t* x, Py_ssize_t m, Py_ssize_t diviso
             acc[i] = (acc[i] + _widened(x[i])) / d
 
 
-cdef void _sum_half3(float* acc, const half_t* a, const half_t* b, const half_t* c, Py_ssize_t m) noexcept nogil:
-    """acc[i] = ((acc[i] + a[i]) + b[i]) + c[i], each widened as it is read: three inputs of a sum a pass."""
+cdef void _sum_half3(float* acc, const half_t* a, const half_t* b, const half_t* c, Py_ssize_t m,
+                     Py_ssize_t divisor) noexcept nogil:
+    """acc[i] = ((acc[i] + a[i]) + b[i]) + c[i], each widened as it is read: three inputs of a sum a pass; then
+    / divisor where it is not 1 (avg's last pass), as _sum_half."""
+    cdef float d = <float>divisor
     cdef Py_ssize_t i
     if half_t is fp16_t and hfr_f16c:
-        hfr_f16c_sum3(acc, <const uint16_t*>a, <const uint16_t*>b, <const uint16_t*>c, m)
-        return
-    for i in range(m):
-        acc[i] = ((acc[i] + _widened(a[i])) + _widened(b[i])) + _widened(c[i])
+        hfr_f16c_sum3(acc, <const uint16_t*>a, <const uint16_t*>b, <const uint16_t*>c, m, d)
+    elif divisor == 1:
+        for i in range(m):
+            acc[i] = ((acc[i] + _widened(a[i])) + _widened(b[i])) + _widened(c[i])
+    else:
+        for i in range(m):
+            acc[i] = (((acc[i] + _widened(a[i])) + _widened(b[i])) + _widened(c[i])) / d
 
 
 cdef inline float _widened(half_t h) noexcept nogil:
@@ -383,22 +409,20 @@ cdef void _fold_half_tile(float* acc, float* tmp, half_t** xs, Py_ssize_t start,
                           Py_ssize_t divisor) noexcept nogil:
     """acc[:m] = xs[0][start:start+m] op ... op xs[k-1][...], widened to float32 (tmp: scratch for a widened
     input), then / divisor where it is not 1 (avg). As _fold_tile, a sum folds three inputs a pass after the
-    first (whose widening is a pass of its own); avg divides in the last pass where it folds one input."""
+    first (whose widening is a pass of its own); avg divides in the last pass (alone only for one input)."""
     cdef int j = 1  # xs[:j] are folded into acc
-    cdef bint divided = divisor == 1
     _widen(acc, xs[0] + start, m)
-    while op == SUM and j + 3 <= k:
-        _sum_half3(acc, xs[j] + start, xs[j + 1] + start, xs[j + 2] + start, m)
+    while op == SUM and j + 3 <= k:  # avg too: a divisor other than 1 comes only with SUM
+        _sum_half3(acc, xs[j] + start, xs[j + 1] + start, xs[j + 2] + start, m, divisor if j + 3 == k else 1)
         j += 3
     while j < k:
-        if op == SUM:  # avg too: a divisor other than 1 comes only with SUM
+        if op == SUM:
             _sum_half(acc, xs[j] + start, m, divisor if j == k - 1 else 1)
-            divided = divided or j == k - 1
         else:
             _widen(tmp, xs[j] + start, m)
             _fold(acc, tmp, m, op)
         j += 1
-    if not divided:
+    if k == 1 and divisor != 1:
         _divide(acc, m, divisor)
 
 
@@ -415,7 +439,7 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
     cdef float* acc
     cdef float* tmp
     cdef any_t* dst
-    cdef Py_ssize_t start, m, j
+    cdef Py_ssize_t start, m
     cdef Py_ssize_t tile = TILE_BYTES // 4 if any_t is bf16_t or any_t is fp16_t else TILE_BYTES // sizeof(any_t)
     if k == 1 and divisor == 1:
         if out != xs[0] and stream:

@@ -4,7 +4,7 @@ Per element the inputs are combined left to right, ((x0 op x1) op x2) ..., in th
 (float32 for float16 and bfloat16, rounded once at the end; the dtype itself otherwise), so every
 backend gives the bits of the NumPy reference, except a NaN's sign and payload (a NaN result is a NaN in
 every backend; which one depends on the SIMD instructions that run: the Cython kernels' level, simd()). avg is the sum divided by a
-divisor in the accumulation type, before that one rounding, by the same pass (float dtypes only).
+divisor in the accumulation type, before that one rounding (float dtypes only).
 Integers wrap as NumPy's do; max and min propagate NaN as np.maximum and np.minimum do.
 """
 from __future__ import annotations

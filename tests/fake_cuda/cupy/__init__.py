@@ -11,8 +11,9 @@ from . import cuda
 # at: a real driver loaded first would take these host arrays for device memory (CUDA_ERROR_INVALID_VALUE).
 _driver = ctypes.CDLL("libcuda.so.1")
 if not hasattr(_driver, "fake_depth"):
-    raise ImportError("libcuda.so.1 here is not tests/fake_cuda's but "
-                      f"{sorted({line.split()[-1] for line in open('/proc/self/maps') if 'libcuda' in line})}")
+    with open("/proc/self/maps") as maps:
+        loaded = sorted({line.split()[-1] for line in maps if "libcuda" in line})
+    raise ImportError(f"libcuda.so.1 here is not tests/fake_cuda's but {loaded}")
 
 
 class _Memory:
