@@ -513,23 +513,22 @@ cpdef Py_ssize_t cache_chunk_bytes(Py_ssize_t cache_bytes, int local_size, Py_ss
 
 cdef void _stores(Plan* p, int local_size, Py_ssize_t cache_bytes) noexcept nogil:
     """How the call's stores go (kernels' Stores): into the segment and into out alike, cached while the
-    node's working set of what they write fits its budget (_stored_budget), else streamed past it: the stages
-    in flight for the segment, and with them every rank's x and out for out apart from x. In place, out's
-    lines are x's, which this rank's copy in read a few chunks before: they are still cached while the stages
-    in flight are, and a streamed store would evict each (a dirty one written back) only to write it again
-    (1.3-1.6x faster cached at 8-32 MiB on 2 ranks, dev VM). By each store's size where the cache is unknown
-    (0), and for a staged call, whose result the device's copy engine reads, not a core: there streaming from
-    1 MiB made CuPy's 186 MiB call 1.3-1.4x faster on the GPU host (bench/RESULTS.md)."""
-    cdef Py_ssize_t stages = min(p.total, STAGES * p.chunk) * (local_size + 1)
-    cdef Py_ssize_t arrays = local_size * (p.x_nbytes + p.out_nbytes)
+    node's working set of what they write fits its budget (_stored_budget), else streamed past it: for the
+    segment, the stages in flight; for out, the stages and every rank's x and out, or in place the stages and
+    every rank's chunks of x in flight. In place, out's lines are x's, which the rank's copy in read at most
+    STAGES chunks before: while those fit too they are still cached, and a streamed store would evict each (a
+    dirty one written back) only to write it again. By each store's size where the cache is unknown (0), and
+    for a staged call, whose result the device's copy engine reads, not a core: there streaming from 1 MiB
+    made CuPy's 186 MiB call 1.3-1.4x faster on the GPU host (bench/RESULTS.md)."""
+    cdef Py_ssize_t in_flight = min(p.total, STAGES * p.chunk)  # of the call's bytes, in the stages at once
+    cdef Py_ssize_t stages = in_flight * (local_size + 1)
+    cdef bint in_place = p.out == p.x and p.out_nbytes == p.x_nbytes
+    cdef Py_ssize_t arrays = local_size * (in_flight if in_place else p.x_nbytes + p.out_nbytes)
     if cache_bytes == 0 or p.cuda != NULL:
         p.slot_stores = p.out_stores = STORES_BY_SIZE
         return
     p.slot_stores = CACHED if stages <= _stored_budget(cache_bytes) else STREAMED
-    if p.out == p.x and p.out_nbytes == p.x_nbytes:  # in place
-        p.out_stores = p.slot_stores
-    else:
-        p.out_stores = CACHED if stages + arrays <= _stored_budget(cache_bytes) else STREAMED
+    p.out_stores = CACHED if stages + arrays <= _stored_budget(cache_bytes) else STREAMED
 
 
 DESCRIPTOR_NAMES = ("collective", "count", "dtype", "op", "root")  # a descriptor's DESCRIPTOR_FIELDS, in order
