@@ -481,13 +481,13 @@ cdef inline Py_ssize_t _stages_budget(Py_ssize_t cache_bytes) noexcept nogil:
 
 
 cdef inline Py_ssize_t _stored_budget(Py_ssize_t cache_bytes) noexcept nogil:
-    """What of the cache a call's working set (what its stores write, and for out's stores every rank's x and
-    out too: _stores) may take and still be stored cached: three quarters.
+    """What of the cache a call's working set (what its stores write, and for out's stores what shares the
+    cache with them: _stores) may take and still be stored cached: three quarters.
     A cached store reads its line first but leaves it to be read again (the copy out, the caller's next use);
     a streamed store skips that read but sends the line to memory. A call whose working set fills up to three
     quarters of the cache still finds most of it there: in place, 4 MiB on 2 ranks (20 MiB of a 32 MiB cache)
-    ran 1.1-1.4x faster cached than streamed on the dev VM, out of place (28 MiB) streamed was faster
-    (bench/RESULTS.md)."""
+    ran 1.1-1.4x faster cached than streamed on the dev VM, out of place (28 MiB) streamed was faster; in place,
+    32 MiB on 8 ranks (0.94 of the H200 host's cache) was slower cached (bench/RESULTS.md)."""
     return cache_bytes * 3 // 4
 
 
