@@ -15,14 +15,17 @@ LAYOUTS = [(2, None), (3, None), (2, 1), (4, 2)]  # one node (its ranks fitting 
 
 @pytest.fixture(scope="module")
 def fake_cuda(tmp_path_factory) -> dict:
-    """The environment of a job on the fake: its CuPy first on the path, its libcuda.so.1 built here."""
+    """The environment of a job on the fake: its CuPy first on the path, its libcuda.so.1 built here and
+    preloaded: the first library of that name in each process, so whatever asks for libcuda.so.1 gets the fake
+    (on the GPU host, with the fake only first on LD_LIBRARY_PATH, the ranks had bound the host's driver before
+    the fake CuPy's import)."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("needs a C compiler for the fake CUDA driver")
-    lib = tmp_path_factory.mktemp("fake_cuda")
-    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(lib / "libcuda.so.1"), str(FAKE / "libcuda.c")],
-                   check=True)
-    return {"PYTHONPATH": f"{FAKE}:{REPO}", "LD_LIBRARY_PATH": str(lib)}
+    driver = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", "-o", str(driver),
+                    str(FAKE / "libcuda.c")], check=True)
+    return {"PYTHONPATH": f"{FAKE}:{REPO}", "LD_PRELOAD": str(driver)}
 
 
 def test_a_communicator_of_one_rank_takes_cuda_arrays(fake_cuda):

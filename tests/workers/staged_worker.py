@@ -1,5 +1,5 @@
 """CUDA arrays' calls in C (hfr/_front.pyx, hfr/_node_call.pyx staging them through hfr/_cuda.pyx) on
-machines without a GPU: run with tests/fake_cuda first on PYTHONPATH and its libcuda.so.1 on LD_LIBRARY_PATH
+machines without a GPU: run with tests/fake_cuda first on PYTHONPATH and its libcuda.so.1 preloaded
 (tests/test_staged.py), where device memory is host memory, a copy runs only once its stream or an event
 after it is waited for, and the fake driver aborts a copy made without the device's primary context. Each
 result is checked element by element against the host path's bits.

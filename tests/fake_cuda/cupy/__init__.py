@@ -7,8 +7,8 @@ import numpy as np
 
 from . import cuda
 
-# The libcuda.so.1 this process binds (hfr's too, by the same name) must be the fake one LD_LIBRARY_PATH points
-# at: a real driver loaded first would take these host arrays for device memory (CUDA_ERROR_INVALID_VALUE).
+# The libcuda.so.1 this process binds (hfr's too, by the same name) must be the fake one tests/test_staged.py
+# preloads: a real driver would take these host arrays for device memory (CUDA_ERROR_INVALID_VALUE).
 _driver = ctypes.CDLL("libcuda.so.1")
 if not hasattr(_driver, "fake_depth"):
     with open("/proc/self/maps") as maps:
