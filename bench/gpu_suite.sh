@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine builds, checks and times, by stages (DESIGN.md, "On the GPU machine"); one
 # call may run several (`bash bench/gpu_suite.sh overlap torch`) within the device's 10 minutes a command.
-#   check      build in place, kernel/CuPy/torch tests (the CPU-only ones run in CI), kernel benchmark (~3 min)
+#   check      build in place, kernel/CuPy/torch tests (the CPU-only ones run in CI), the fake CUDA driver's tests
+#              (tests/test_staged.py: CI's, here beside a real driver they must not bind), kernel benchmark (~3.5 min)
 #   bench      allreduce on CuPy (beside the PCIe floor) and NumPy arrays, n = 4 and 8 (~4 min)
 #   overlap    matrix products beside hfr's allreduce and beside plain copies (~1.5 min)
 #   torch      the transformer's step under DDP and FSDP2 with none/hfr/hfr-hook/gloo, fp32 and bf16 (~8 min)
@@ -41,9 +42,9 @@ python3 -c "import hfr, hfr.kernels as k, cupy, mpi4py.MPI as M; print('backends
 for stage in "${stages[@]}"; do
 case "$stage" in
 check)
-  log "tests: kernels, cupy, torch (the CPU-only ones run in CI)"
+  log "tests: kernels, cupy, torch (the CPU-only ones run in CI), and the fake CUDA driver's beside the real one"
   timeout 480 python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels.py tests/test_cupy.py \
-    tests/test_torch.py 2>&1 | tail -15
+    tests/test_staged.py tests/test_torch.py 2>&1 | tail -15
   log "kernels_perf"
   timeout 120 python3 bench/kernels_perf.py --size-mib 64 --k 8 --dtypes float32 bfloat16 --threads 1 4 16 \
     2>&1 | tee "$out/kernels_perf.txt"
