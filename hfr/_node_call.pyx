@@ -38,7 +38,7 @@ Chunk c of the call is chunk g = first_chunk + c of the Communicator and uses st
   cross nodes      per chunk, across nodes: the slice's allreduce (a reduce's reduce, a broadcast's broadcast
                    from the root's node, an allgather's allgather) over the rail
   copy out         per chunk: REDUCED, then, once every rank has REDUCED, our part of the result slot into
-                   out, then CONSUMED. A whole call (WHOLE_UP_TO_BYTES, one node; out on the host, or a CUDA
+                   out (from our own slice on, wrapping round: _to_out), then CONSUMED. A whole call (WHOLE_UP_TO_BYTES, one node; out on the host, or a CUDA
                    array's staging) instead reduces out's part straight from the input slots, which hold all
                    of every rank's x (the same kernel in the same slot order: the same bits), and publishes
                    REDUCED only then, without waiting for the others'
@@ -651,12 +651,16 @@ cdef int _copied_in(Plan* p, int64_t g) noexcept nogil:
     return _cuda_failed(p, error, CUDA_COPY_IN) if error else WAITED
 
 
-cdef int _to_out(Node* node, Plan* p, int64_t g, char* src, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
-    """Out's part [a, b) of chunk g's result, at src, into out: copied, then CONSUMED; staged, queued, with the
-    event after it (_retire publishes CONSUMED once it ran). WAITED or what stopped it."""
+cdef int _to_out(Node* node, Plan* p, int64_t g, char* src, Py_ssize_t a, Py_ssize_t b, Py_ssize_t own) noexcept nogil:
+    """Out's part [a, b) of chunk g's result, at src, into out: copied from byte `own` on (our slice's first, where
+    the result was reduced here), then from a up to it, then CONSUMED; staged, queued, with the event after it
+    (_retire publishes CONSUMED once it ran). WAITED or what stopped it. Each rank starting at its own slice, the
+    ranks read different slices at any time, each from its reducer's cache, not all the first one at once."""
     cdef int error = 0
+    cdef Py_ssize_t s = min(max(own, a), b)
     if p.cuda == NULL:
-        if a < b and _copy(node, p.out + a - p.out_at, src, b - a, p.out_stores):
+        if (_copy(node, p.out + s - p.out_at, src + s - a, b - s, p.out_stores)
+                or _copy(node, p.out + a - p.out_at, src, s - a, p.out_stores)):
             return NO_MEMORY
         _publish(node, CONSUMED, g + 1)
         return WAITED
@@ -1075,7 +1079,7 @@ cdef int _copy_out(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
                                    _middle(p, count), p.out_stores):
             return NO_MEMORY
         _publish(node, REDUCED, g + 1)
-        return _to_out(node, p, g, made, a, b)
+        return _to_out(node, p, g, made, a, b, a)
     _publish(node, REDUCED, g + 1)
     waited = _wait_all(node, REDUCED, g + 1, WAIT_REDUCED)
     if waited != WAITED:
@@ -1084,7 +1088,7 @@ cdef int _copy_out(Node* node, Plan* p, Py_ssize_t c) noexcept nogil:
     _mark(p, c, MARK_ALL_REDUCED)
     if p.pairs_out:
         return _pair_out(node, p, g, _result(node, p.out, p.in_out, g, first), first, count)
-    return _to_out(node, p, g, _result(node, p.out, p.in_out, g, first) + a - first, a, b)
+    return _to_out(node, p, g, _result(node, p.out, p.in_out, g, first) + a - first, a, b, first + lo)
 
 
 cdef int _run(Node* node, Plan* p, Rail* vote) noexcept nogil:
