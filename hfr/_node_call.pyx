@@ -38,10 +38,11 @@ Chunk c of the call is chunk g = first_chunk + c of the Communicator and uses st
   cross nodes      per chunk, across nodes: the slice's allreduce (a reduce's reduce, a broadcast's broadcast
                    from the root's node, an allgather's allgather) over the rail
   copy out         per chunk: REDUCED, then, once every rank has REDUCED, our part of the result slot into
-                   out (from our own slice on, wrapping round: _to_out), then CONSUMED. A whole call (WHOLE_UP_TO_BYTES, one node; out on the host, or a CUDA
-                   array's staging) instead reduces out's part straight from the input slots, which hold all
-                   of every rank's x (the same kernel in the same slot order: the same bits), and publishes
-                   REDUCED only then, without waiting for the others'
+                   out (from our own slice on, wrapping round: _to_out), then CONSUMED. A whole call
+                   (WHOLE_UP_TO_BYTES, one node; out on the host, or a CUDA array's staging) instead reduces
+                   out's part straight from the input slots, which hold all of every rank's x (the same kernel
+                   in the same slot order: the same bits), and publishes REDUCED only then, without waiting
+                   for the others'
 Stores: plain (cached) while what they write is read again soon from the cache, non-temporal (streamed
 past it) where the call's working set on the node does not fit three quarters of the cache (_stores).
 A *folded* call (across nodes; the engine says which) sends its slice with the vote, in the vote's record
@@ -651,9 +652,10 @@ cdef int _copied_in(Plan* p, int64_t g) noexcept nogil:
     return _cuda_failed(p, error, CUDA_COPY_IN) if error else WAITED
 
 
-cdef int _to_out(Node* node, Plan* p, int64_t g, char* src, Py_ssize_t a, Py_ssize_t b, Py_ssize_t own) noexcept nogil:
-    """Out's part [a, b) of chunk g's result, at src, into out: copied from byte `own` on (our slice's first, where
-    the result was reduced here), then from a up to it, then CONSUMED; staged, queued, with the event after it
+cdef int _to_out(Node* node, Plan* p, int64_t g, char* src, Py_ssize_t a, Py_ssize_t b,
+                 Py_ssize_t own) noexcept nogil:
+    """Out's part [a, b) of chunk g's result, at src, into out: copied from byte `own` on (our slice's first: that
+    part was reduced here), then from a up to it, then CONSUMED; staged, queued whole, with the event after it
     (_retire publishes CONSUMED once it ran). WAITED or what stopped it. Each rank starting at its own slice, the
     ranks read different slices at any time, each from its reducer's cache, not all the first one at once."""
     cdef int error = 0
