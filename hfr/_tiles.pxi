@@ -233,6 +233,27 @@ cdef void _sum4(elem_t* dst, const elem_t* a, const elem_t* b, const elem_t* c, 
         dst[i] = ((a[i] + b[i]) + c[i]) + e[i]
 
 
+cdef void _sum8(elem_t* dst, elem_t** xs, Py_ssize_t start, Py_ssize_t m, Py_ssize_t divisor) noexcept nogil:
+    """dst[i] = xs[0][start+i] + ... + xs[7][start+i], added left to right: a node of eight ranks' inputs in one
+    pass (dst is none of them), then / divisor where it is not 1 (floats: avg's last pass)."""
+    cdef const elem_t* a = xs[0] + start
+    cdef const elem_t* b = xs[1] + start
+    cdef const elem_t* c = xs[2] + start
+    cdef const elem_t* d = xs[3] + start
+    cdef const elem_t* e = xs[4] + start
+    cdef const elem_t* f = xs[5] + start
+    cdef const elem_t* g = xs[6] + start
+    cdef const elem_t* h = xs[7] + start
+    cdef Py_ssize_t i
+    if elem_t is float or elem_t is double:
+        if divisor != 1:
+            for i in range(m):
+                dst[i] = (((((((a[i] + b[i]) + c[i]) + d[i]) + e[i]) + f[i]) + g[i]) + h[i]) / <elem_t>divisor
+            return
+    for i in range(m):
+        dst[i] = ((((((a[i] + b[i]) + c[i]) + d[i]) + e[i]) + f[i]) + g[i]) + h[i]
+
+
 cdef void _sum3_into(elem_t* acc, const elem_t* a, const elem_t* b, const elem_t* c, Py_ssize_t m,
                      Py_ssize_t divisor) noexcept nogil:
     """acc[i] = ((acc[i] + a[i]) + b[i]) + c[i]: three more inputs of a sum in one pass, then / divisor where it
@@ -251,13 +272,16 @@ cdef void _fold_tile(elem_t* dst, elem_t** xs, Py_ssize_t start, int k, Py_ssize
                      Py_ssize_t divisor) noexcept nogil:
     """dst[:m] = xs[0][start:start+m] op ... op xs[k-1][...] (dst may be xs[0] + start itself), then / divisor
     where it is not 1 (float sums only: avg). The tile is in L2, the inputs mostly not: each pass over it
-    reads it back, so a sum folds its inputs four, then three, a pass (4 inputs: one pass, not four; 8: three,
-    not eight; in cache 1.6-1.9x faster on the dev VM: bench/RESULTS.md); other ops, rare in training, one a
-    pass. The same operations in the same order, so the same bits, either way. avg divides in the last pass
+    reads it back, so a sum folds its inputs eight (a node of eight GPUs' ranks) or four in its first pass and
+    three in each pass after (4 inputs: one pass, not four; 7: two; in cache 1.6-1.9x faster on the dev VM
+    than one a pass: bench/RESULTS.md); other ops, rare in training, one a pass. The same operations in the same order, so the same bits, either way. avg divides in the last pass
     (in a pass of its own only for one input)."""
     cdef int j = 1  # xs[:j] are folded into dst
     if dst != xs[0] + start:
-        if op == SUM and k >= 4:
+        if op == SUM and k >= 8:
+            _sum8(dst, xs, start, m, divisor if k == 8 else 1)
+            j = 8
+        elif op == SUM and k >= 4:
             _sum4(dst, xs[0] + start, xs[1] + start, xs[2] + start, xs[3] + start, m, divisor if k == 4 else 1)
             j = 4
         elif k >= 2:

@@ -85,7 +85,7 @@ def check(backend: str, inputs: list[np.ndarray], op: Op, threads: int, rng, ali
 def test_matches_reference(backend, dtype, op):
     rng = np.random.default_rng([DTYPES.index(dtype), OPS.index(op)])
     for n in (0, 1, 7, 100003):
-        for k in (1, 2, 3, 5, 8):  # a sum out of place folds 2, 2 + 1, 4 + 1, 4 + 3 + 1 inputs a pass
+        for k in (1, 2, 3, 5, 7, 8, 9):  # a sum out of place folds 2, 2 + 1, 4 + 1, 4 + 3, 8, 8 + 1 inputs a pass
             check(backend, [random_array(dtype, n, rng) for _ in range(k)], op, CPUS, rng)
 
 
@@ -225,7 +225,7 @@ def test_every_simd_level_gives_the_reference_bits(simd_level):
     every half-type bit pattern, bit for bit (a NaN matches any NaN: its payload is the hardware's)."""
     rng = np.random.default_rng(6)
     for dtype in DTYPES:
-        for k in (1, 2, 3, 4, 7):  # 300007 elements: from 4-byte types on, out is written with streaming stores
+        for k in (1, 2, 3, 4, 7, 8):  # 300007 elements: from 4-byte types on, out is written with streaming stores
             inputs = [random_array(dtype, 300007, rng) for _ in range(k)]
             for op in OPS:
                 check("cython", inputs, op, 1, rng)
