@@ -63,49 +63,37 @@ cdef extern from *:
         for (; i < n; i++)
             dst[i] = _cvtsh_ss(src[i]);
     }
-    /* acc += src widened (then / divisor where it is not 1: avg's last fold), rounded as a widening
-       followed by a float32 add (and divide) */
-    static void hfr_f16c_sum(float *acc, const uint16_t *src, Py_ssize_t n, float divisor) {
+    /* dst = xs[0] + ... + xs[k-1] from start on, each widened as it is read and added left to right in float32,
+       then / divisor where it is not 1 (avg), rounded once: a sum of any k in one pass, 16 (or 8) at a time */
+    static void hfr_f16c_sum_narrow(uint16_t *dst, const uint16_t **xs, Py_ssize_t start, int k, Py_ssize_t n,
+                                    float divisor) {
         Py_ssize_t i = 0;
-        __m256 d = _mm256_set1_ps(divisor);
+        int j;
     #if defined(__AVX512F__)
         __m512 d16 = _mm512_set1_ps(divisor);
         for (; i + 16 <= n; i += 16) {
-            __m512 s = _mm512_add_ps(_mm512_loadu_ps(acc + i), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-            _mm512_storeu_ps(acc + i, divisor == 1.0f ? s : _mm512_div_ps(s, d16));
+            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(xs[0] + start + i)));
+            for (j = 1; j < k; j++)
+                s = _mm512_add_ps(s, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(xs[j] + start + i))));
+            if (divisor != 1.0f)
+                s = _mm512_div_ps(s, d16);
+            _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(s, _MM_FROUND_TO_NEAREST_INT));
         }
     #endif
-        for (; i + 8 <= n; i += 8) {
-            __m256 s = _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-            _mm256_storeu_ps(acc + i, divisor == 1.0f ? s : _mm256_div_ps(s, d));
-        }
-        for (; i < n; i++)
-            acc[i] = divisor == 1.0f ? acc[i] + _cvtsh_ss(src[i]) : (acc[i] + _cvtsh_ss(src[i])) / divisor;
-    }
-    /* acc += a, b and c widened, in that order (three inputs of a sum in one pass over acc), then / divisor
-       where it is not 1 (avg's last pass) */
-    static void hfr_f16c_sum3(float *acc, const uint16_t *a, const uint16_t *b, const uint16_t *c, Py_ssize_t n,
-                              float divisor) {
-        Py_ssize_t i = 0;
         __m256 d = _mm256_set1_ps(divisor);
-    #if defined(__AVX512F__)
-        __m512 d16 = _mm512_set1_ps(divisor);
-        for (; i + 16 <= n; i += 16) {
-            __m512 s = _mm512_add_ps(_mm512_loadu_ps(acc + i), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i))));
-            s = _mm512_add_ps(s, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + i))));
-            s = _mm512_add_ps(s, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + i))));
-            _mm512_storeu_ps(acc + i, divisor == 1.0f ? s : _mm512_div_ps(s, d16));
-        }
-    #endif
         for (; i + 8 <= n; i += 8) {
-            __m256 s = _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))));
-            s = _mm256_add_ps(s, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i))));
-            s = _mm256_add_ps(s, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c + i))));
-            _mm256_storeu_ps(acc + i, divisor == 1.0f ? s : _mm256_div_ps(s, d));
+            __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xs[0] + start + i)));
+            for (j = 1; j < k; j++)
+                s = _mm256_add_ps(s, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xs[j] + start + i))));
+            if (divisor != 1.0f)
+                s = _mm256_div_ps(s, d);
+            _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(s, _MM_FROUND_TO_NEAREST_INT));
         }
         for (; i < n; i++) {
-            float s = ((acc[i] + _cvtsh_ss(a[i])) + _cvtsh_ss(b[i])) + _cvtsh_ss(c[i]);
-            acc[i] = divisor == 1.0f ? s : s / divisor;
+            float t = _cvtsh_ss(xs[0][start + i]);
+            for (j = 1; j < k; j++)
+                t = t + _cvtsh_ss(xs[j][start + i]);
+            dst[i] = _cvtss_sh(divisor == 1.0f ? t : t / divisor, _MM_FROUND_TO_NEAREST_INT);
         }
     }
     static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {
@@ -122,17 +110,15 @@ cdef extern from *:
     #else
     #define hfr_f16c 0
     static void hfr_f16c_widen(float *dst, const uint16_t *src, Py_ssize_t n) {}
-    static void hfr_f16c_sum(float *acc, const uint16_t *src, Py_ssize_t n, float divisor) {}
-    static void hfr_f16c_sum3(float *acc, const uint16_t *a, const uint16_t *b, const uint16_t *c, Py_ssize_t n,
-                              float divisor) {}
+    static void hfr_f16c_sum_narrow(uint16_t *dst, const uint16_t **xs, Py_ssize_t start, int k, Py_ssize_t n,
+                                    float divisor) {}
     static void hfr_f16c_narrow(uint16_t *dst, const float *src, Py_ssize_t n) {}
     #endif
     """
     const bint hfr_f16c
     void hfr_f16c_widen(float* dst, const uint16_t* src, Py_ssize_t n) noexcept nogil
-    void hfr_f16c_sum(float* acc, const uint16_t* src, Py_ssize_t n, float divisor) noexcept nogil
-    void hfr_f16c_sum3(float* acc, const uint16_t* a, const uint16_t* b, const uint16_t* c, Py_ssize_t n,
-                       float divisor) noexcept nogil
+    void hfr_f16c_sum_narrow(uint16_t* dst, const uint16_t** xs, Py_ssize_t start, int k, Py_ssize_t n,
+                             float divisor) noexcept nogil
     void hfr_f16c_narrow(uint16_t* dst, const float* src, Py_ssize_t n) noexcept nogil
 
 
@@ -375,9 +361,7 @@ cdef void _sum_half(float* acc, const half_t* x, Py_ssize_t m, Py_ssize_t diviso
     1 then divided by it (avg's last fold): the roundings of a widening, then _fold or _add_divide."""
     cdef float d = <float>divisor
     cdef Py_ssize_t i
-    if half_t is fp16_t and hfr_f16c:
-        hfr_f16c_sum(acc, <const uint16_t*>x, m, d)
-    elif divisor == 1:
+    if divisor == 1:
         for i in range(m):
             acc[i] = acc[i] + _widened(x[i])
     else:
@@ -391,9 +375,7 @@ cdef void _sum_half3(float* acc, const half_t* a, const half_t* b, const half_t*
     / divisor where it is not 1 (avg's last pass), as _sum_half."""
     cdef float d = <float>divisor
     cdef Py_ssize_t i
-    if half_t is fp16_t and hfr_f16c:
-        hfr_f16c_sum3(acc, <const uint16_t*>a, <const uint16_t*>b, <const uint16_t*>c, m, d)
-    elif divisor == 1:
+    if divisor == 1:
         for i in range(m):
             acc[i] = ((acc[i] + _widened(a[i])) + _widened(b[i])) + _widened(c[i])
     else:
@@ -433,7 +415,10 @@ cdef void _fold_half_tile(float* acc, float* tmp, half_t** xs, Py_ssize_t start,
                           Py_ssize_t divisor) noexcept nogil:
     """acc[:m] = xs[0][start:start+m] op ... op xs[k-1][...], widened to float32 (tmp: scratch for a widened
     input), then / divisor where it is not 1 (avg). As _fold_tile, a sum folds three inputs a pass after the
-    first (whose widening is a pass of its own); avg divides in the last pass (alone only for one input)."""
+    first (whose widening is a pass of its own); avg divides in the last pass (alone only for one input).
+    A float16 sum where the build has F16C takes hfr_f16c_sum_narrow instead: every input in one pass, 16 or 8
+    lanes at a time in registers, rounded as stored (the same operations; bench/RESULTS.md: 1.2-2x faster in
+    cache). bfloat16's software conversions gain little from that shape (measured), so it stays here."""
     cdef int j = 1  # xs[:j] are folded into acc
     _widen(acc, xs[0] + start, m)
     while op == SUM and j + 3 <= k:  # avg too: a divisor other than 1 comes only with SUM
@@ -481,7 +466,9 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
     while start < hi:
         m = min(tile, hi - start)
         dst = <any_t*>tmp if stream else out + start
-        if any_t is bf16_t or any_t is fp16_t:
+        if any_t is fp16_t and hfr_f16c and op == SUM:
+            hfr_f16c_sum_narrow(<uint16_t*>dst, <const uint16_t**>xs, start, k, m, <float>divisor)
+        elif any_t is bf16_t or any_t is fp16_t:
             _fold_half_tile(acc, tmp, xs, start, k, m, op, divisor)
             _narrow(dst, acc, m)
         else:
