@@ -369,6 +369,33 @@ cdef void _sum_half(float* acc, const half_t* x, Py_ssize_t m, Py_ssize_t diviso
             acc[i] = (acc[i] + _widened(x[i])) / d
 
 
+cdef void _sum_half2(float* acc, const half_t* a, const half_t* b, Py_ssize_t m, Py_ssize_t divisor) noexcept nogil:
+    """acc[i] = a[i] + b[i], each widened as it is read: a sum's first two inputs in one pass (fewer than four),
+    then / divisor where it is not 1 (avg's last pass)."""
+    cdef float d = <float>divisor
+    cdef Py_ssize_t i
+    if divisor == 1:
+        for i in range(m):
+            acc[i] = _widened(a[i]) + _widened(b[i])
+    else:
+        for i in range(m):
+            acc[i] = (_widened(a[i]) + _widened(b[i])) / d
+
+
+cdef void _sum_half4(float* acc, const half_t* a, const half_t* b, const half_t* c, const half_t* e, Py_ssize_t m,
+                     Py_ssize_t divisor) noexcept nogil:
+    """acc[i] = ((a[i] + b[i]) + c[i]) + e[i], each widened as it is read: a sum's first four inputs in one pass,
+    with no pass of its own to widen the first; then / divisor where it is not 1 (avg's last pass)."""
+    cdef float d = <float>divisor
+    cdef Py_ssize_t i
+    if divisor == 1:
+        for i in range(m):
+            acc[i] = ((_widened(a[i]) + _widened(b[i])) + _widened(c[i])) + _widened(e[i])
+    else:
+        for i in range(m):
+            acc[i] = (((_widened(a[i]) + _widened(b[i])) + _widened(c[i])) + _widened(e[i])) / d
+
+
 cdef void _sum_half3(float* acc, const half_t* a, const half_t* b, const half_t* c, Py_ssize_t m,
                      Py_ssize_t divisor) noexcept nogil:
     """acc[i] = ((acc[i] + a[i]) + b[i]) + c[i], each widened as it is read: three inputs of a sum a pass; then
@@ -414,13 +441,20 @@ cdef void _narrow(half_t* dst, const float* src, Py_ssize_t m) noexcept nogil:
 cdef void _fold_half_tile(float* acc, float* tmp, half_t** xs, Py_ssize_t start, int k, Py_ssize_t m, int op,
                           Py_ssize_t divisor) noexcept nogil:
     """acc[:m] = xs[0][start:start+m] op ... op xs[k-1][...], widened to float32 (tmp: scratch for a widened
-    input), then / divisor where it is not 1 (avg). As _fold_tile, a sum folds three inputs a pass after the
-    first (whose widening is a pass of its own); avg divides in the last pass (alone only for one input).
+    input), then / divisor where it is not 1 (avg). As _fold_tile, a sum's first pass widens and adds four inputs
+    (two where it has fewer), each pass after three; avg divides in the last pass (alone only for one input).
     A float16 sum where the build has F16C takes hfr_f16c_sum_narrow instead: every input in one pass, 16 or 8
     lanes at a time in registers, rounded as stored (the same operations; bench/RESULTS.md: 1.2-2x faster in
     cache). bfloat16's software conversions gain little from that shape (measured), so it stays here."""
     cdef int j = 1  # xs[:j] are folded into acc
-    _widen(acc, xs[0] + start, m)
+    if op == SUM and k >= 4:
+        _sum_half4(acc, xs[0] + start, xs[1] + start, xs[2] + start, xs[3] + start, m, divisor if k == 4 else 1)
+        j = 4
+    elif op == SUM and k >= 2:
+        _sum_half2(acc, xs[0] + start, xs[1] + start, m, divisor if k == 2 else 1)
+        j = 2
+    else:
+        _widen(acc, xs[0] + start, m)
     while op == SUM and j + 3 <= k:  # avg too: a divisor other than 1 comes only with SUM
         _sum_half3(acc, xs[j] + start, xs[j + 1] + start, xs[j + 2] + start, m, divisor if j + 3 == k else 1)
         j += 3
