@@ -413,11 +413,12 @@ cdef class Front:
                 return False
             o.out = <char*>b.data + b.byte_offset
         # Python from here on (the DLTensors' shapes are read): torch's dtype where DLPack's says too little
-        # (its 1- to 7-bit integers are described as 8-bit), the negative bit, grad
+        # (its 1- to 7-bit integers are described as 8-bit), the negative bit, grad (grad mode read only for a
+        # tensor that requires it)
         cdef object dtype = self.tensor_torch_dtypes[o.dtype]
         if self.tensor_dtypes[o.dtype].bits == 8 and (x.dtype is not dtype or y.dtype is not dtype):
             return False
-        if x.is_neg() or y is not x and y.is_neg() or self.grad_enabled() and y.requires_grad:
+        if x.is_neg() or y is not x and y.is_neg() or y.requires_grad and self.grad_enabled():
             return False
         o.cuda, o.stream, o.tensor = cuda, 0, True
         if cuda:
