@@ -260,8 +260,9 @@ cdef void _fold_tile(elem_t* dst, elem_t** xs, Py_ssize_t start, int k, Py_ssize
     where it is not 1 (float sums only: avg). The tile is in L2, the inputs mostly not: each pass over it
     reads it back, so a sum folds its inputs eight (a node of eight GPUs' ranks) or four in its first pass and
     three in each pass after (4 inputs: one pass, not four; 7: two; in cache 1.6-1.9x faster on the dev VM
-    than one a pass: bench/RESULTS.md); other ops, rare in training, one a pass. The same operations in the same order, so the same bits, either way. avg divides in the last pass
-    (in a pass of its own only for one input)."""
+    than one a pass: bench/RESULTS.md); other ops, rare in training, one a pass. The same operations in the
+    same order, so the same bits, either way. avg divides in the last pass (in a pass of its own only for one
+    input)."""
     cdef int j = 1  # xs[:j] are folded into dst
     if dst != xs[0] + start:
         if op == SUM and k >= 8:
