@@ -18,7 +18,8 @@
 #   pairs      GPU pairs (issue 28): their tests, then CuPy n=4 1 MiB - 186 MiB and n=8 186 MiB with pairs off, on and
 #              auto (hfr) beside the PCIe and pair floors, time-sliced and under MPS (where auto pairs) (~6 min)
 #   shm        hfr on NumPy arrays and torch CPU tensors (also with OMP_WAIT_POLICY=PASSIVE) against DeepSpeed's
-#              shm allreduce, in place, 8 B up, n = 4 and 8 (~4 min; needs the deepspeed wheels: see the stage)
+#              shm allreduce, in place, 8 B up, n = 4 and 8, and bfloat16 1-64 MiB (~5 min; needs the deepspeed wheels:
+#              see the stage)
 # Results go to $OUT (the device tool's folder) or bench/out/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -175,6 +176,8 @@ shm)
       log "allreduce $array n=$n, 8 B - 128 MiB, hfr against deepspeed (in place only)"
       perf $n -b 8 -e 186M -f 4 -n 20 -w 5 --array $array --backends hfr,deepspeed | tee "$out/shm_${array}_n$n.txt"
     done
+    log "allreduce numpy bfloat16 n=$n, 1 - 64 MiB, hfr against deepspeed (the half types' kernels)"
+    perf $n -b 1M -e 64M -f 4 -n 20 -w 5 -d bfloat16 --backends hfr,deepspeed | tee "$out/shm_bf16_n$n.txt"
     # torch's OpenMP threads spin after the harness's copy_ and take the cores from hfr's (README, PyTorch)
     log "allreduce torch n=$n with OMP_WAIT_POLICY=PASSIVE, hfr against deepspeed"
     OMP_WAIT_POLICY=PASSIVE timeout 200 $MPIRUN -x OMP_WAIT_POLICY -n $n python3 -m mpi4py bench/allreduce_perf.py \
