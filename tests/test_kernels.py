@@ -240,6 +240,21 @@ def test_every_simd_level_gives_the_reference_bits(simd_level):
         check("cython", [every, rng.permutation(every)], Op.SUM, 1, rng)
 
 
+def test_half_type_sums_streamed_into_out(simd_level):
+    """float16 and bfloat16 sums (avg too) of more than 1 MiB, whose out is written with streaming stores
+    from a scratch tile, on each level: the reference bits, in place and out of place."""
+    rng = np.random.default_rng(11)
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        for k in (2, 5, 8):
+            inputs = [random_array(dtype, 600_001, rng) for _ in range(k)]
+            check("cython", inputs, Op.SUM, 2, rng)
+            check("cython", [x.copy() for x in inputs], Op.SUM, 2, rng, alias=True)
+            want = np.empty_like(inputs[0])
+            _reduce_numpy(want, inputs, Op.AVG, 1, k)
+            assert_same_bits(reduce_into(np.empty_like(want), inputs, "avg", backend="cython", threads=2, divisor=k),
+                             want)
+
+
 def test_simd_level_in_use():
     backend_param("cython")
     from hfr import _kernels
