@@ -485,6 +485,7 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
     cdef any_t* dst
     cdef Py_ssize_t start, m
     cdef Py_ssize_t tile = TILE_BYTES // 4 if any_t is bf16_t or any_t is fp16_t else TILE_BYTES // sizeof(any_t)
+    cdef bint widened = (any_t is bf16_t or any_t is fp16_t) and not (any_t is fp16_t and hfr_f16c and op == SUM)
     if k == 1 and divisor == 1:
         if out != xs[0] and stream:
             hfr_stream_copy(out + lo, xs[0] + lo, (hi - lo) * sizeof(any_t))
@@ -492,7 +493,7 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
         elif out != xs[0]:
             memcpy(out + lo, xs[0] + lo, (hi - lo) * sizeof(any_t))
         return 0
-    if stream or any_t is bf16_t or any_t is fp16_t:  # a tile is finished in tmp, or widened into acc
+    if stream or widened:  # a tile is finished in tmp, or widened into acc
         scratch = <uint64_t*>malloc(2 * TILE_BYTES)
         if scratch == NULL:
             return 1
@@ -501,11 +502,11 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
     while start < hi:
         m = min(tile, hi - start)
         dst = <any_t*>tmp if stream else out + start
-        if any_t is fp16_t and hfr_f16c and op == SUM:
-            hfr_f16c_sum_narrow(<uint16_t*>dst, <const uint16_t**>xs, start, k, m, <float>divisor)
-        elif any_t is bf16_t or any_t is fp16_t:
+        if (any_t is bf16_t or any_t is fp16_t) and widened:
             _fold_half_tile(acc, tmp, xs, start, k, m, op, divisor)
             _narrow(dst, acc, m)
+        elif any_t is bf16_t or any_t is fp16_t:  # a float16 sum with F16C: no float32 tile
+            hfr_f16c_sum_narrow(<uint16_t*>dst, <const uint16_t**>xs, start, k, m, <float>divisor)
         else:
             _fold_tile(dst, xs, start, k, m, op, divisor)
         if stream:
