@@ -11,7 +11,8 @@
 # into a select, so gcc vectorises it at -O3 for the level's vector width. Each element gets the same
 # operations in the same order at every level (and contraction into FMA is off: setup.py), so every level
 # gives the same bits. Signed sums and products run on the unsigned type of the same width, which wraps
-# as NumPy does (signed overflow is undefined in C).
+# as NumPy does (signed overflow is undefined in C). The half types' one-pass sums (F16C's float16, AVX2's
+# bfloat16) are written in vector intrinsics instead, with the same operations in the same order.
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
@@ -120,6 +121,101 @@ cdef extern from *:
     void hfr_f16c_sum_narrow(uint16_t* dst, const uint16_t** xs, Py_ssize_t start, int k, Py_ssize_t n,
                              float divisor) noexcept nogil
     void hfr_f16c_narrow(uint16_t* dst, const float* src, Py_ssize_t n) noexcept nogil
+
+cdef extern from *:
+    """
+    /* A bfloat16 sum in vectors where the build has AVX2 (hfr_bf16_simd), as hfr_f16c_sum_narrow is float16's:
+       dst = xs[0] + ... + xs[k-1] from start on, each input widened as it is read (its elements unpacked into
+       the top halves of float32 lanes: within each 128-bit lane they take another order, alike for every input,
+       and the pack after the rounding puts them back), added left to right in float32, / divisor where it is
+       not 1, and rounded once as stored by _f32_to_bf16's rule (hfr/_tiles.pxi), 32 (AVX-512) or 16 elements
+       at a time; the last n % 16 through the same steps on copies padded with zeros. */
+    #if defined(__AVX2__)
+    #include <immintrin.h>
+    #define hfr_bf16_simd 1
+    static inline __m256i hfr_bf16_round8(__m256 s) {  /* _f32_to_bf16 of each lane, in its low 16 bits */
+        __m256i b = _mm256_castps_si256(s);
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+        __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+        __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+        return _mm256_blendv_epi8(rounded, quiet, nan);
+    }
+    /* elements [at, at + 16) of the sum */
+    static inline __m256i hfr_bf16_sum16(const uint16_t **xs, Py_ssize_t at, int k, float divisor) {
+        const __m256i zero = _mm256_setzero_si256();
+        __m256i v = _mm256_loadu_si256((const __m256i *)(xs[0] + at));
+        __m256 lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v));
+        __m256 hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v));
+        int j;
+        for (j = 1; j < k; j++) {
+            v = _mm256_loadu_si256((const __m256i *)(xs[j] + at));
+            lo = _mm256_add_ps(lo, _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)));
+            hi = _mm256_add_ps(hi, _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)));
+        }
+        if (divisor != 1.0f) {
+            lo = _mm256_div_ps(lo, _mm256_set1_ps(divisor));
+            hi = _mm256_div_ps(hi, _mm256_set1_ps(divisor));
+        }
+        return _mm256_packus_epi32(hfr_bf16_round8(lo), hfr_bf16_round8(hi));
+    }
+    #if defined(__AVX512BW__)
+    static inline __m512i hfr_bf16_round16(__m512 s) {
+        __m512i b = _mm512_castps_si512(s);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+        __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                _mm512_set1_epi32(0x7F800000));
+        return _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    }
+    static inline __m512i hfr_bf16_sum32(const uint16_t **xs, Py_ssize_t at, int k, float divisor) {
+        const __m512i zero = _mm512_setzero_si512();
+        __m512i v = _mm512_loadu_si512((const void *)(xs[0] + at));
+        __m512 lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v));
+        __m512 hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v));
+        int j;
+        for (j = 1; j < k; j++) {
+            v = _mm512_loadu_si512((const void *)(xs[j] + at));
+            lo = _mm512_add_ps(lo, _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, v)));
+            hi = _mm512_add_ps(hi, _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, v)));
+        }
+        if (divisor != 1.0f) {
+            lo = _mm512_div_ps(lo, _mm512_set1_ps(divisor));
+            hi = _mm512_div_ps(hi, _mm512_set1_ps(divisor));
+        }
+        return _mm512_packus_epi32(hfr_bf16_round16(lo), hfr_bf16_round16(hi));
+    }
+    #endif
+    static void hfr_bf16_sum_narrow(uint16_t *dst, const uint16_t **xs, Py_ssize_t start, int k, Py_ssize_t n,
+                                    float divisor) {
+        Py_ssize_t i = 0;
+    #if defined(__AVX512BW__)
+        for (; i + 32 <= n; i += 32)
+            _mm512_storeu_si512((void *)(dst + i), hfr_bf16_sum32(xs, start + i, k, divisor));
+    #endif
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((__m256i *)(dst + i), hfr_bf16_sum16(xs, start + i, k, divisor));
+        if (i < n) {  /* the last n - i, each input's copied into a row of zeros */
+            uint16_t rows[k][16], sum[16];
+            const uint16_t *padded[k];
+            int j;
+            for (j = 0; j < k; j++) {
+                memset(rows[j], 0, sizeof rows[j]);
+                padded[j] = memcpy(rows[j], xs[j] + start + i, (n - i) * sizeof(uint16_t));
+            }
+            _mm256_storeu_si256((__m256i *)sum, hfr_bf16_sum16(padded, 0, k, divisor));
+            memcpy(dst + i, sum, (n - i) * sizeof(uint16_t));
+        }
+    }
+    #else
+    #define hfr_bf16_simd 0
+    static void hfr_bf16_sum_narrow(uint16_t *dst, const uint16_t **xs, Py_ssize_t start, int k, Py_ssize_t n,
+                                    float divisor) {}
+    #endif
+    """
+    const bint hfr_bf16_simd
+    void hfr_bf16_sum_narrow(uint16_t* dst, const uint16_t** xs, Py_ssize_t start, int k, Py_ssize_t n,
+                             float divisor) noexcept nogil
 
 
 cdef enum:
@@ -444,9 +540,10 @@ cdef void _fold_half_tile(float* acc, float* tmp, half_t** xs, Py_ssize_t start,
     """acc[:m] = xs[0][start:start+m] op ... op xs[k-1][...], widened to float32 (tmp: scratch for a widened
     input), then / divisor where it is not 1 (avg). As _fold_tile, a sum's first pass widens and adds four inputs
     (two where it has fewer), each pass after three; avg divides in the last pass (alone only for one input).
-    A float16 sum where the build has F16C takes hfr_f16c_sum_narrow instead: every input in one pass, 16 or 8
-    lanes at a time in registers, rounded as stored (the same operations; bench/RESULTS.md: 1.2-2x faster in
-    cache). bfloat16's software conversions gain little from that shape (measured), so it stays here."""
+    A float16 sum where the build has F16C, and a bfloat16 sum where it has AVX2, take hfr_f16c_sum_narrow and
+    hfr_bf16_sum_narrow instead: every input in one pass, 8 to 32 lanes at a time in registers, rounded as stored
+    (the same operations; bench/RESULTS.md: 1.2-2x faster in cache). bfloat16 in that shape written as plain
+    loops, for the compiler to vectorise, gained nothing (measured): its vectors are written out."""
     cdef int j = 1  # xs[:j] are folded into acc
     if op == SUM and k >= 4:
         _sum_half4(acc, xs[0] + start, xs[1] + start, xs[2] + start, xs[3] + start, m, divisor if k == 4 else 1)
@@ -485,7 +582,8 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
     cdef any_t* dst
     cdef Py_ssize_t start, m
     cdef Py_ssize_t tile = TILE_BYTES // 4 if any_t is bf16_t or any_t is fp16_t else TILE_BYTES // sizeof(any_t)
-    cdef bint widened = (any_t is bf16_t or any_t is fp16_t) and not (any_t is fp16_t and hfr_f16c and op == SUM)
+    cdef bint widened = (any_t is bf16_t or any_t is fp16_t) and not (
+        op == SUM and (any_t is fp16_t and hfr_f16c or any_t is bf16_t and hfr_bf16_simd))
     if k == 1 and divisor == 1:
         if out != xs[0] and stream:
             hfr_stream_copy(out + lo, xs[0] + lo, (hi - lo) * sizeof(any_t))
@@ -505,8 +603,10 @@ cdef int _reduce_block(any_t* out, any_t** xs, int k, Py_ssize_t lo, Py_ssize_t 
         if (any_t is bf16_t or any_t is fp16_t) and widened:
             _fold_half_tile(acc, tmp, xs, start, k, m, op, divisor)
             _narrow(dst, acc, m)
-        elif any_t is bf16_t or any_t is fp16_t:  # a float16 sum with F16C: no float32 tile
+        elif any_t is fp16_t:  # a float16 sum with F16C: no float32 tile
             hfr_f16c_sum_narrow(<uint16_t*>dst, <const uint16_t**>xs, start, k, m, <float>divisor)
+        elif any_t is bf16_t:  # a bfloat16 sum in vectors: no float32 tile
+            hfr_bf16_sum_narrow(<uint16_t*>dst, <const uint16_t**>xs, start, k, m, <float>divisor)
         else:
             _fold_tile(dst, xs, start, k, m, op, divisor)
         if stream:
