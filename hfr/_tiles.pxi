@@ -10,9 +10,10 @@
 # Every loop is a plain `for i in range(m)` over raw pointers with no branch the compiler cannot turn
 # into a select, so gcc vectorises it at -O3 for the level's vector width. Each element gets the same
 # operations in the same order at every level (and contraction into FMA is off: setup.py), so every level
-# gives the same bits. Signed sums and products run on the unsigned type of the same width, which wraps
-# as NumPy does (signed overflow is undefined in C). The half types' one-pass sums (F16C's float16, AVX2's
-# bfloat16) are written in vector intrinsics instead, with the same operations in the same order.
+# gives the same bits (a NaN's payload aside: that is the hardware's). Signed sums and products run on the
+# unsigned type of the same width, which wraps as NumPy does (signed overflow is undefined in C). The half
+# types' one-pass sums (F16C's float16, AVX2's bfloat16) are written in vector intrinsics instead, with the
+# same operations in the same order.
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
@@ -126,10 +127,10 @@ cdef extern from *:
     """
     /* A bfloat16 sum in vectors where the build has AVX2 (hfr_bf16_simd), as hfr_f16c_sum_narrow is float16's:
        dst = xs[0] + ... + xs[k-1] from start on, each input widened as it is read (its elements unpacked into
-       the top halves of float32 lanes: within each 128-bit lane they take another order, alike for every input,
-       and the pack after the rounding puts them back), added left to right in float32, / divisor where it is
-       not 1, and rounded once as stored by _f32_to_bf16's rule (hfr/_tiles.pxi), 32 (AVX-512) or 16 elements
-       at a time; the last n % 16 through the same steps on copies padded with zeros. */
+       the top halves of float32 lanes: each 128-bit lane's first four go to one vector, its last four to
+       another, alike for every input, and the pack after the rounding puts them back), added left to right in
+       float32, / divisor where it is not 1, and rounded once as stored by _f32_to_bf16's rule (below), 32
+       (AVX-512) or 16 elements at a time; the last n % 16 through the same steps on copies padded with zeros. */
     #if defined(__AVX2__)
     #include <immintrin.h>
     #define hfr_bf16_simd 1
@@ -137,7 +138,8 @@ cdef extern from *:
         __m256i b = _mm256_castps_si256(s);
         __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
         __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF)),
+                                         _mm256_set1_epi32(0x7F800000));
         __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
         return _mm256_blendv_epi8(rounded, quiet, nan);
     }
@@ -542,8 +544,9 @@ cdef void _fold_half_tile(float* acc, float* tmp, half_t** xs, Py_ssize_t start,
     (two where it has fewer), each pass after three; avg divides in the last pass (alone only for one input).
     A float16 sum where the build has F16C, and a bfloat16 sum where it has AVX2, take hfr_f16c_sum_narrow and
     hfr_bf16_sum_narrow instead: every input in one pass, 8 to 32 lanes at a time in registers, rounded as stored
-    (the same operations; bench/RESULTS.md: 1.2-2x faster in cache). bfloat16 in that shape written as plain
-    loops, for the compiler to vectorise, gained nothing (measured): its vectors are written out."""
+    (the same operations; bench/RESULTS.md: in cache 1.2-2x faster for float16, 1.6-2.1x for bfloat16).
+    bfloat16 in that shape written as plain loops, for the compiler to vectorise, gained nothing (measured): its
+    vectors are written out."""
     cdef int j = 1  # xs[:j] are folded into acc
     if op == SUM and k >= 4:
         _sum_half4(acc, xs[0] + start, xs[1] + start, xs[2] + start, xs[3] + start, m, divisor if k == 4 else 1)
