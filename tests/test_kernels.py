@@ -255,6 +255,21 @@ def test_half_type_sums_streamed_into_out(simd_level):
                              want)
 
 
+def test_half_type_sums_of_short_runs_and_many_inputs(simd_level):
+    """float16 and bfloat16 sums (avg too) of 0 to 70 elements, unaligned, of 1 to 17 inputs, on each level: the
+    vector sums' last elements (fewer than a vector: padded copies) and their loops over inputs."""
+    rng = np.random.default_rng(12)
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        for n in (0, 1, 7, 15, 16, 17, 31, 33, 70):
+            for k in (1, 2, 17):
+                inputs = [random_array(dtype, n + 1, rng)[1:] for _ in range(k)]
+                check("cython", inputs, Op.SUM, 1, rng)
+                want = np.empty_like(inputs[0])
+                _reduce_numpy(want, inputs, Op.AVG, 1, 3)
+                assert_same_bits(reduce_into(np.empty_like(want), inputs, "avg", backend="cython", threads=1,
+                                             divisor=3), want)
+
+
 def test_simd_level_in_use():
     backend_param("cython")
     from hfr import _kernels
