@@ -38,7 +38,8 @@ Chunk c of the call is chunk g = first_chunk + c of the Communicator and uses st
   cross nodes      per chunk, across nodes: the slice's allreduce (a reduce's reduce, a broadcast's broadcast
                    from the root's node, an allgather's allgather) over the rail
   copy out         per chunk: REDUCED, then, once every rank has REDUCED, our part of the result slot into
-                   out (from our own slice on, wrapping round: _to_out), then CONSUMED. A whole call
+                   out (from our own slice on, wrapping round: _to_out; an allgather in place leaves its
+                   shard, which is x), then CONSUMED. A whole call
                    (WHOLE_UP_TO_BYTES, one node; out on the host, or a CUDA array's staging) instead reduces
                    out's part straight from the input slots, which hold all of every rank's x (the same kernel
                    in the same slot order: the same bits), and publishes REDUCED only then, without waiting
@@ -155,6 +156,7 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     Py_ssize_t x_nbytes, x_at
     char* out  # out's, likewise
     Py_ssize_t out_nbytes, out_at
+    Py_ssize_t kept_lo, kept_hi  # bytes [kept_lo, kept_hi) of out hold their result already: not copied out
     Py_ssize_t total, chunk, nchunks  # chunk: the call's (_even), at most the engine's
     Py_ssize_t itemsize
     Kind kind
@@ -379,6 +381,9 @@ cdef class NodeCall:
         p.total = cut_count(p.collective, x_count, out_count) * itemsize
         p.x_at = self.rank * p.x_nbytes if p.collective == ALLGATHER else 0
         p.out_at = self.rank * p.out_nbytes if p.collective == REDUCE_SCATTER else 0
+        p.kept_lo = p.kept_hi = 0
+        if p.collective == ALLGATHER and x == out + p.x_at:  # in place: our shard of out is x itself
+            p.kept_lo, p.kept_hi = p.x_at, p.x_at + p.x_nbytes
         p.whole = _whole(p.collective, vote is None, p.total)
         p.chunk = _even(self.chunk, p.total, &p.nchunks)
         p.itemsize, p.kind, p.code = itemsize, kind, code
@@ -661,16 +666,29 @@ cdef int _to_out(Node* node, Plan* p, int64_t g, char* src, Py_ssize_t a, Py_ssi
     cdef int error = 0
     cdef Py_ssize_t s = min(max(own, a), b)
     if p.cuda == NULL:
-        if (_copy(node, p.out + s - p.out_at, src + s - a, b - s, p.out_stores)
-                or _copy(node, p.out + a - p.out_at, src, s - a, p.out_stores)):
+        if _out_part(node, p, src, a, s, b) or _out_part(node, p, src, a, a, s):
             return NO_MEMORY
         _publish(node, CONSUMED, g + 1)
         return WAITED
-    if a < b:
-        error = cuda_copy(p.cuda, p.out + a - p.out_at, src, b - a, False)
+    error = _out_part(node, p, src, a, a, b)
     if not error:
         error = record(p.cuda, OUT_EVENTS + g % STAGES, False)
     return _cuda_failed(p, error, CUDA_COPY_OUT) if error else WAITED
+
+
+cdef int _out_part(Node* node, Plan* p, char* src, Py_ssize_t a, Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
+    """Out's bytes [lo, hi) from the result at src (which holds byte a) but the kept ones (p.kept_lo, p.kept_hi):
+    copied, or staged, queued. 0, or what failed: the copy's nonzero, or the CUresult."""
+    cdef Py_ssize_t kept_lo = min(max(p.kept_lo, lo), hi), kept_hi = max(min(p.kept_hi, hi), kept_lo)
+    return _out_bytes(node, p, src, a, lo, kept_lo) or _out_bytes(node, p, src, a, kept_hi, hi)
+
+
+cdef inline int _out_bytes(Node* node, Plan* p, char* src, Py_ssize_t a, Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
+    if hi <= lo:
+        return 0
+    if p.cuda == NULL:
+        return _copy(node, p.out + lo - p.out_at, src + lo - a, hi - lo, p.out_stores)
+    return cuda_copy(p.cuda, p.out + lo - p.out_at, src + lo - a, hi - lo, False)
 
 
 cdef int _retire(Node* node, Plan* p, int64_t until) noexcept nogil:

@@ -118,6 +118,10 @@ elif mode == "calls":
         want = comm.allgather(host.copy(), np.empty(count * size, np.float32))
         got = comm.allgather(cupy.asarray(host), cupy.asarray(np.full(count * size, 7, np.float32)))
         assert np.array_equal(cupy.asnumpy(got), want), ("allgather", count)
+        whole = cupy.asarray(np.full(count * size, 7, np.float32))  # in place: x at its shard of out, as FSDP2's
+        whole[rank * count : (rank + 1) * count] = cupy.asarray(host)
+        assert comm.allgather(whole[rank * count : (rank + 1) * count], whole) is whole
+        assert np.array_equal(cupy.asnumpy(whole), want), ("allgather in place", count)
         host = values(np.float32, count)  # every rank's differs: the root's is broadcast
         want = comm.broadcast(host.copy(), root=size - 1)
         got = comm.broadcast(cupy.asarray(host), root=size - 1)
