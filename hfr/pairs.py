@@ -13,7 +13,7 @@ Why not on a time-sliced device: a paired chunk's hand-overs (a push, then the p
 cross processes, and where the device time-slices its processes each waits for the partner's slice. On
 the GPU host (H100, bench/RESULTS.md, "GPU pairs"), 186 MiB: 4 ranks time-sliced 1.15-1.37x faster than
 unpaired, 8 ranks 0.78x (slower), 64 MiB and below slower; under MPS 2.8x (4 ranks), 2.1x (8), and
-1.6-2.3x from 4 MiB.
+1.2-3x from 1 MiB.
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ from . import _node_call
 __all__ = ["MODES", "PAIRS_FROM_BYTES", "concurrent", "wanted", "prepare"]
 
 MODES = tuple(mode.name[len("PAIRS_"):].lower() for mode in _node_call.Pairs)  # HFR_PAIRS: auto, on, off
-# With `auto`, calls of fewer bytes stay apart: the smallest measured faster paired (under MPS, 4 ranks)
-PAIRS_FROM_BYTES = 4 << 20
+# With `auto`, calls of fewer bytes stay apart: the smallest measured faster paired (under MPS, 4 and 8 ranks:
+# 1.2-1.26x at 1 MiB; 512 KiB even, 256 KiB slower)
+PAIRS_FROM_BYTES = 1 << 20
 
 # The add: acc[i] = a op b over the pair's two halves, a the lower local rank's (acc's where acc_first), in
 # the accumulation type (float32 for the half types, rounded to nearest even once), as hfr/_tiles.pxi's
