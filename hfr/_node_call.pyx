@@ -228,9 +228,8 @@ cdef inline int _copy(Node* node, char* dst, char* src, Py_ssize_t nbytes, Store
 
 
 cdef inline Py_ssize_t _edge(Py_ssize_t count, int parts, int j, Py_ssize_t align) noexcept nogil:
+    """Where part j of count elements cut into `parts` starts, rounded down to `align` (count for j = parts)."""
     return count if j >= parts else (j * count // parts) // align * align
-
-
 
 
 cdef void _rail_of(Node* node, Schedule schedule, Rail* rail):
@@ -684,6 +683,7 @@ cdef int _out_part(Node* node, Plan* p, char* src, Py_ssize_t a, Py_ssize_t lo, 
 
 
 cdef inline int _out_bytes(Node* node, Plan* p, char* src, Py_ssize_t a, Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
+    """_out_part's copy of out's bytes [lo, hi), all of them."""
     if hi <= lo:
         return 0
     if p.cuda == NULL:
