@@ -658,10 +658,11 @@ cdef int _copied_in(Plan* p, int64_t g) noexcept nogil:
 
 cdef int _to_out(Node* node, Plan* p, int64_t g, char* src, Py_ssize_t a, Py_ssize_t b,
                  Py_ssize_t own) noexcept nogil:
-    """Out's part [a, b) of chunk g's result, at src, into out: copied from byte `own` on (our slice's first: that
-    part was reduced here), then from a up to it, then CONSUMED; staged, queued whole, with the event after it
-    (_retire publishes CONSUMED once it ran). WAITED or what stopped it. Each rank starting at its own slice, the
-    ranks read different slices at any time, each from its reducer's cache, not all the first one at once."""
+    """Out's part [a, b) of chunk g's result, at src, into out, but the bytes out already holds (_out_part): copied
+    from byte `own` on (our slice's first: that part was reduced here), then from a up to it, then CONSUMED;
+    staged, queued in order, with the event after it (_retire publishes CONSUMED once it ran). WAITED or what
+    stopped it. Each rank starting at its own slice, the ranks read different slices at any time, each from its
+    reducer's cache, not all the first one at once."""
     cdef int error = 0
     cdef Py_ssize_t s = min(max(own, a), b)
     if p.cuda == NULL:

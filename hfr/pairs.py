@@ -25,8 +25,8 @@ from . import _node_call
 __all__ = ["MODES", "PAIRS_FROM_BYTES", "concurrent", "wanted", "prepare"]
 
 MODES = tuple(mode.name[len("PAIRS_"):].lower() for mode in _node_call.Pairs)  # HFR_PAIRS: auto, on, off
-# With `auto`, calls of fewer bytes stay apart: the smallest measured faster paired (under MPS, 4 and 8 ranks:
-# 1.2-1.26x at 1 MiB; 512 KiB even, 256 KiB slower)
+# With `auto`, calls of fewer bytes stay apart: the smallest measured faster paired (one device under MPS, 4 and
+# 8 ranks: 1.2-1.26x at 1 MiB; 512 KiB even, 256 KiB slower). NVLink peers are unmeasured (a lease of 2+ GPUs).
 PAIRS_FROM_BYTES = 1 << 20
 
 # The add: acc[i] = a op b over the pair's two halves, a the lower local rank's (acc's where acc_first), in

@@ -7,6 +7,7 @@ every input and computes the expected result itself: bitwise for one node (slot 
 within a float tolerance across nodes (tree order), exact for integers and for max/min.
 """
 import json
+import mmap
 import os
 import sys
 
@@ -15,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hfr
+from checks import pages, read_only
 from hfr.kernels import reduce_into
 from hfr.ops import DTYPES, Op, accumulation_dtype
 
@@ -187,6 +189,17 @@ for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
         half_ulp = (2.0 ** -8 if dtype.name == "bfloat16" else 2.0 ** -11) * np.abs(mean)
         steps = 1 if comm.nnodes == 1 else 2 + np.log2(comm.nnodes)  # a rounding per node and tree step
         assert (np.abs(got.astype(np.float64) - mean) <= steps * half_ulp + tiny).all(), f"{what}: {got} vs {mean}"
+# An allgather in place leaves its own shard of out alone (it is x): read-only, over several chunks of every comm.
+shard = 3 * mmap.PAGESIZE
+x = make_input(np.dtype(np.float32), Op.SUM, shard // 4, 4000)
+want = np.concatenate(world.allgather(x))
+for comm in comms:
+    whole = pages(shard * size).view(np.float32)
+    whole.view(np.uint8)[:] = POISON
+    whole[rank * x.size : (rank + 1) * x.size] = x
+    with read_only(whole[rank * x.size : (rank + 1) * x.size]):
+        assert comm.allgather(whole[rank * x.size : (rank + 1) * x.size], whole) is whole
+    assert np.array_equal(whole, want), f"allgather in place, its shard read-only, layout={comm}"
 # The progress thread has its own OS-level name (top -H, py-spy), not its creator's.
 if size > 1:
     names = {open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")}

@@ -14,7 +14,9 @@ nodes), MismatchError on every rank, each followed by a matched call right eleme
 communicator of one rank, whose calls copy on the caller's stream (no engine), blocking and async, every
 collective, in place and out of place.
 """
+import contextlib
 import ctypes
+import mmap
 import os
 import signal
 import sys
@@ -25,6 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hfr
+from checks import pages, read_only
 from hfr.engine import STAGES
 
 assert cupy.__file__.startswith(os.path.dirname(os.path.dirname(__file__))), "not the fake CuPy"
@@ -113,14 +116,19 @@ elif mode == "calls":
     check_calls(comm, (1, 7, 1024, 1025, 3001, 30001, 300007), 1 if comm.nnodes == 1 else 4, front)
     # reduce_scatter, reduce, allgather and broadcast in C through the engine; async calls (on the engine's
     # streams); several chunks
-    for count in (0, 1, 7, 257, 3001, 300007):
+    for count in (0, 1, 7, 257, 3001, 75 * mmap.PAGESIZE // 4, 300007):
         host = values(np.float32, count)
         want = comm.allgather(host.copy(), np.empty(count * size, np.float32))
         got = comm.allgather(cupy.asarray(host), cupy.asarray(np.full(count * size, 7, np.float32)))
         assert np.array_equal(cupy.asnumpy(got), want), ("allgather", count)
-        whole = cupy.asarray(np.full(count * size, 7, np.float32))  # in place: x at its shard of out, as FSDP2's
+        # in place (x at its shard of out, as FSDP2 gathers), that shard left alone: read-only where it is whole
+        # pages (75 of them: shards across chunks of 256 KiB)
+        guarded = count > 0 and count * 4 % mmap.PAGESIZE == 0
+        whole = cupy.ndarray(pages(count * size * 4).view(np.float32) if guarded else np.empty(count * size, np.float32))
+        whole[:] = 7
         whole[rank * count : (rank + 1) * count] = cupy.asarray(host)
-        assert comm.allgather(whole[rank * count : (rank + 1) * count], whole) is whole
+        with read_only(whole.a[rank * count : (rank + 1) * count]) if guarded else contextlib.nullcontext():
+            assert comm.allgather(whole[rank * count : (rank + 1) * count], whole) is whole
         assert np.array_equal(cupy.asnumpy(whole), want), ("allgather in place", count)
         host = values(np.float32, count)  # every rank's differs: the root's is broadcast
         want = comm.broadcast(host.copy(), root=size - 1)
