@@ -189,7 +189,7 @@ for dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
         half_ulp = (2.0 ** -8 if dtype.name == "bfloat16" else 2.0 ** -11) * np.abs(mean)
         steps = 1 if comm.nnodes == 1 else 2 + np.log2(comm.nnodes)  # a rounding per node and tree step
         assert (np.abs(got.astype(np.float64) - mean) <= steps * half_ulp + tiny).all(), f"{what}: {got} vs {mean}"
-# An allgather in place leaves its own shard of out alone (it is x): read-only, over several chunks of every comm.
+# An allgather in place leaves its own shard of out alone (it is x): read-only (three 4 KiB chunks where comm's are).
 shard = 3 * mmap.PAGESIZE
 x = make_input(np.dtype(np.float32), Op.SUM, shard // 4, 4000)
 want = np.concatenate(world.allgather(x))

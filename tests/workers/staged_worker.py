@@ -124,7 +124,7 @@ elif mode == "calls":
         # in place (x at its shard of out, as FSDP2 gathers), that shard left alone: read-only where it is whole
         # pages (75 of them: shards across chunks of 256 KiB)
         guarded = count > 0 and count * 4 % mmap.PAGESIZE == 0
-        whole = cupy.ndarray(pages(count * size * 4).view(np.float32) if guarded else np.empty(count * size, np.float32))
+        whole = cupy.ndarray(pages(count * size * 4).view(np.float32) if guarded else np.empty(count * size, "f4"))
         whole[:] = 7
         whole[rank * count : (rank + 1) * count] = cupy.asarray(host)
         with read_only(whole.a[rank * count : (rank + 1) * count]) if guarded else contextlib.nullcontext():
