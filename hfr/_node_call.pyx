@@ -523,13 +523,15 @@ cdef void _stores(Plan* p, int local_size, Py_ssize_t cache_bytes) noexcept nogi
     together where one lies within the other: an allgather's x at its shard of out, a reduce_scatter's out at
     its shard of x), or in place the stages and every rank's chunks of x in flight. In place, out's lines are
     x's, which the rank's copy in read at most STAGES chunks before: while those fit too they are still cached,
-    and a streamed store would evict each (a dirty one written back) only to write it again. By each store's size where the cache is unknown (0), and
-    for a staged call, whose result the device's copy engine reads, not a core: there streaming from 1 MiB
-    made CuPy's 186 MiB call 1.3-1.4x faster on the GPU host (bench/RESULTS.md)."""
+    and a streamed store would evict each (a dirty one written back) only to write it again. By each store's
+    size where the cache is unknown (0), and for a staged call, whose result the device's copy engine reads, not
+    a core: there streaming from 1 MiB made CuPy's 186 MiB call 1.3-1.4x faster on the GPU host
+    (bench/RESULTS.md)."""
     cdef Py_ssize_t in_flight = min(p.total, STAGES * p.chunk)  # of the call's bytes, in the stages at once
     cdef Py_ssize_t stages = in_flight * (local_size + 1)
     cdef bint in_place = p.out == p.x and p.out_nbytes == p.x_nbytes
-    cdef Py_ssize_t spanned = max(p.x + p.x_nbytes, p.out + p.out_nbytes) - min(p.x, p.out)  # apart: more than both
+    # the bytes x and out span together: more than their sum where they lie apart
+    cdef Py_ssize_t spanned = max(p.x + p.x_nbytes, p.out + p.out_nbytes) - min(p.x, p.out)
     cdef Py_ssize_t arrays = local_size * (in_flight if in_place else min(spanned, p.x_nbytes + p.out_nbytes))
     if cache_bytes == 0 or p.cuda != NULL:
         p.slot_stores = p.out_stores = STORES_BY_SIZE
