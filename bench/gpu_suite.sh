@@ -20,7 +20,7 @@
 #   shm        hfr on NumPy arrays and torch CPU tensors (also with OMP_WAIT_POLICY=PASSIVE) against DeepSpeed's
 #              shm allreduce, in place, 8 B up, n = 4 and 8, and bfloat16 1-64 MiB (~5 min; needs the deepspeed wheels:
 #              see the stage)
-# Results go to $OUT (the device tool's folder) or bench/out/gpu.
+# Results go to $OUT (the device tool's folder, which gives back 8 files a call: a stage writes at most 8) or bench/out/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stages=("${@:-check}")
@@ -181,13 +181,13 @@ shm)
       perf $n -b 8 -e 186M -f 4 -n 20 -w 5 --array $array --backends hfr,deepspeed | tee "$out/shm_${array}_n$n.txt"
     done
     log "allreduce numpy bfloat16 n=$n, 1 - 64 MiB, hfr against deepspeed (the half types' kernels)"
-    perf $n -b 1M -e 64M -f 4 -n 20 -w 5 -d bfloat16 --backends hfr,deepspeed | tee "$out/shm_bf16_n$n.txt"
+    perf $n -b 1M -e 64M -f 4 -n 20 -w 5 -d bfloat16 --backends hfr,deepspeed | tee -a "$out/shm_bf16.txt"
     # torch's OpenMP threads spin after the harness's copy_ and take the cores from hfr's (README, PyTorch)
     log "allreduce torch n=$n with OMP_WAIT_POLICY=PASSIVE, hfr against deepspeed"
     OMP_WAIT_POLICY=PASSIVE timeout 200 $MPIRUN -x OMP_WAIT_POLICY -n $n python3 -m mpi4py bench/allreduce_perf.py \
       -b 8 -e 186M -f 4 -n 20 -w 5 --array torch --backends hfr,deepspeed 2>/dev/null | tee "$out/shm_torch_passive_n$n.txt"
     log "calls from torch n=$n: NumPy, tensor, dist.all_reduce on hfr, gloo and a null backend"
-    $MPIRUN -n $n python3 -m mpi4py bench/torch_calls.py -b 8 -e 64M -f 8 --rounds 3 | tee "$out/torch_calls_n$n.txt"
+    $MPIRUN -n $n python3 -m mpi4py bench/torch_calls.py -b 8 -e 64M -f 8 --rounds 3 | tee -a "$out/torch_calls.txt"
   done
   ;;
 *)
