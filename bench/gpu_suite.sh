@@ -175,6 +175,7 @@ shm)
   log "DeepSpeed's shm op: build (the first time) or load, before anything is timed"
   build="from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
   time DS_ACCELERATOR=cpu timeout 300 python3 -c "$build" 2>&1 | tail -3
+  rm -f "$out/shm_bf16.txt" "$out/torch_calls.txt"  # both n append to these two
   for n in 4 8; do
     for array in numpy torch; do  # DeepSpeed's OpenMP threads: cores / n (the backend's default)
       log "allreduce $array n=$n, 8 B - 128 MiB, hfr against deepspeed (in place only)"
