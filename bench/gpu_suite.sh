@@ -39,6 +39,9 @@ perf() {  # perf N ARGS...: bench/allreduce_perf.py on N ranks, the table only
 log "build"
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -3
 python3 -c "import hfr, hfr.kernels as k, cupy, mpi4py.MPI as M; print('backends', k.available_backends(), 'cupy', cupy.__version__, M.Get_library_version().splitlines()[0]); print(cupy.cuda.runtime.getDeviceCount(), 'GPU(s)'); import os; print(os.cpu_count(), 'cores')"
+# the machine: its kernel tells the sandbox (gVisor reports 4.4.0, where every syscall, a wait's sched_yield too, is
+# served by the sandbox), the GPU, its driver and compute mode, the CPU
+echo "kernel $(uname -r); $(nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv,noheader); $(grep -m1 "model name" /proc/cpuinfo)"
 # how far apart the cores are (a round trip, and stores into lines another core holds): near and far CPU pairs
 cc -O2 -pthread bench/core_trip.c -o /tmp/core_trip && for far in $(printf "%s\n" 1 $(( $(nproc) / 2 )) $(( $(nproc) - 1 )) | sort -nu); do
   /tmp/core_trip 0 $far
