@@ -36,7 +36,7 @@ from hfr._cuda cimport Device
 from hfr._internode cimport Schedule
 from hfr._kernels cimport Kind, kernel_kind
 from hfr._kernels cimport op_code as kernel_op_code
-from hfr._node_call cimport ALLREDUCE, DESCRIPTOR_FIELDS, DONE, STAGES, NodeCall, describe
+from hfr._node_call cimport ALLREDUCE, DESCRIPTOR_FIELDS, DONE, STAGES, NodeCall, describe, same_or_apart
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, PyErr_CheckSignals, forget_cancel, hfr_nap, hfr_now, raise_pending
 
 cdef extern from "pythread.h":
@@ -320,7 +320,7 @@ cdef class Front:
                            memcmp(cnp.PyArray_DIMS(b), cnp.PyArray_DIMS(a), cnp.PyArray_NDIM(a) * sizeof(cnp.npy_intp))):
             return False
         o.x, o.out, o.cuda, o.stream, o.tensor = <char*>cnp.PyArray_DATA(a), <char*>cnp.PyArray_DATA(b), False, 0, False
-        return _apart(o.x, o.out, cnp.PyArray_NBYTES(a))
+        return same_or_apart(<Py_ssize_t>o.x, <Py_ssize_t>o.out, cnp.PyArray_NBYTES(a))
 
     cdef bint _cuda_operands(self, x, out, Operands* o) except -1:
         """Whether x and out (or None) are CuPy arrays the front takes: on our device, of one of our dtypes,
@@ -338,7 +338,7 @@ cdef class Front:
         if not (x.flags.c_contiguous and y.flags.c_contiguous):
             return False
         o.x, o.out = <char*><uintptr_t>x_memory.ptr, <char*><uintptr_t>y_memory.ptr
-        if not _apart(o.x, o.out, o.count * self.itemsizes[o.dtype]):
+        if not same_or_apart(<Py_ssize_t>o.x, <Py_ssize_t>o.out, o.count * self.itemsizes[o.dtype]):
             return False
         o.cuda, o.stream, o.tensor = True, self.current_stream(self.cuda_device).ptr, False
         return True
@@ -423,7 +423,7 @@ cdef class Front:
         o.cuda, o.stream, o.tensor = cuda, 0, True
         if cuda:
             self._current_stream(a.device.device_id, &o.stream)
-        return _apart(o.x, o.out, o.count * self.itemsizes[o.dtype])
+        return same_or_apart(<Py_ssize_t>o.x, <Py_ssize_t>o.out, o.count * self.itemsizes[o.dtype])
 
     cdef bint _described(self, t, DLTensor* d) except -1:
         """Whether torch's DLPack exchange API describes tensor t (of torch.Tensor's own type) into d, with
@@ -518,8 +518,3 @@ cdef inline int64_t _contiguous_count(DLTensor* t) noexcept:
             return -1
         count *= t.shape[i]
     return count
-
-
-cdef inline bint _apart(char* a, char* b, Py_ssize_t nbytes) noexcept:
-    """Whether two arrays of nbytes at a and b are the same memory or apart."""
-    return a == b or b + nbytes <= a or a + nbytes <= b

@@ -83,6 +83,7 @@ cdef struct Node:  # the segment, as this rank sees it, and how this rank works 
     char* halves  # per local rank, what its input slot holds in the call that runs (a Half of _node_call.pyx)
 
 
+cpdef bint same_or_apart(Py_ssize_t a, Py_ssize_t b, Py_ssize_t nbytes) noexcept nogil
 cdef void describe(long long* fields, int collective, Py_ssize_t count, int dtype, int op, int root) noexcept nogil
 
 

@@ -381,7 +381,7 @@ cdef class NodeCall:
         p.x_at = self.rank * p.x_nbytes if p.collective == ALLGATHER else 0
         p.out_at = self.rank * p.out_nbytes if p.collective == REDUCE_SCATTER else 0
         p.kept_lo = p.kept_hi = 0
-        if p.collective == ALLGATHER and x == out + p.x_at:  # in place: our shard of out is x itself
+        if p.collective == ALLGATHER and at_shard(<Py_ssize_t>x, <Py_ssize_t>out, p.x_nbytes, self.rank):
             p.kept_lo, p.kept_hi = p.x_at, p.x_at + p.x_nbytes
         p.whole = _whole(p.collective, vote is None, p.total)
         p.chunk = _even(self.chunk, p.total, &p.nchunks)
@@ -455,6 +455,18 @@ PAIR_KERNEL_NAMES = tuple(f"hfr_pair_{_KIND_NAMES[k]}_{_OP_NAMES[o]}" for k in r
 cpdef Py_ssize_t cut_count(int collective, Py_ssize_t x_count, Py_ssize_t out_count) noexcept nogil:
     """The elements a call's chunks cut: out's for an allgather (every rank's shard), x's for the others."""
     return out_count if collective == ALLGATHER else x_count
+
+
+cpdef bint same_or_apart(Py_ssize_t a, Py_ssize_t b, Py_ssize_t nbytes) noexcept nogil:
+    """Whether two arrays of nbytes at addresses a and b are one memory or apart: what a call's out may be to
+    its x of the same size (in place, or out of place; a partial overlap would read bytes already written)."""
+    return a == b or b + nbytes <= a or a + nbytes <= b
+
+
+cpdef bint at_shard(Py_ssize_t shard, Py_ssize_t whole, Py_ssize_t shard_nbytes, int rank) noexcept nogil:
+    """Whether a shard (an allgather's x, a reduce_scatter's out) lies in the whole array at rank's place, as
+    FSDP's all-gather passes it (in place): an allgather's shard is then not copied out."""
+    return shard == whole + rank * shard_nbytes
 
 
 cpdef bint reduces(int collective) noexcept nogil:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ._kernels import data_address
+from ._node_call import at_shard, same_or_apart
 from .ops import DTYPE_CODES, DTYPES, as_dtype
 
 __all__ = ["Array", "inspect", "check_out", "check_shards"]
@@ -139,7 +140,7 @@ def check_out(x: Array, out: Any) -> Array:
     o = _like(x, out)
     if o.shape != x.shape:
         raise ValueError(f"out has shape {o.shape}, x has {x.shape}")
-    if o.address != x.address and x.nbytes and _overlaps(o, x):
+    if not same_or_apart(o.address, x.address, x.nbytes):
         raise ValueError("out partly overlaps x: pass the same array for in place, or a separate one")
     return o
 
@@ -153,8 +154,7 @@ def check_shards(x: Array, out: Any, collective: str, ranks: int, rank: int) -> 
     if whole.size != ranks * shard.size:
         raise ValueError(f"{collective} over {ranks} ranks needs {'x' if whole is x else 'out'} to hold {ranks} x "
                          f"{'out' if whole is x else 'x'}'s elements: x has {x.size}, out has {o.size}")
-    in_place = shard.address == whole.address + rank * shard.nbytes
-    if shard.nbytes and not in_place and _overlaps(o, x):
+    if shard.nbytes and not at_shard(shard.address, whole.address, shard.nbytes, rank) and _overlaps(o, x):
         raise ValueError(f"out overlaps x other than at rank {rank}'s shard: pass separate arrays, or the shard "
                          f"at its place in the whole")
     return o
