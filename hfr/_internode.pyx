@@ -71,7 +71,7 @@ from mpi4py import MPI
 cnp.import_array()
 
 __all__ = ["TreePipeline", "Doubling", "Ring", "Collective", "CollectiveKind", "ring_scratch_elements",
-           "tree_scratch_bytes", "BLOCKS_IN_FLIGHT", "VOTE_RECORD_WORDS", "ABSENT_REPORT_TAG"]
+           "tree_scratch_bytes", "BLOCKS_IN_FLIGHT", "VOTE_RECORD_WORDS", "Tag"]
 
 cdef enum:
     IN_FLIGHT = 4  # blocks per tree between two stages (with 1 MiB blocks 4 and 8 measured alike)
@@ -133,7 +133,6 @@ def _bind_mpi() -> None:
 _bind_mpi()
 BLOCKS_IN_FLIGHT = IN_FLIGHT
 VOTE_RECORD_WORDS = VOTE_WORDS
-ABSENT_REPORT_TAG = ABSENT_TAG
 
 
 ctypedef struct Flow:  # one tree's blocks, moving up and/or down
@@ -568,12 +567,10 @@ cdef inline Py_ssize_t _recv_bytes(Swaps* s, Step* step, Call* c) noexcept nogil
 cdef bint _merge_votes(long long* mine, const long long* theirs) noexcept nogil:
     """mine = the elementwise max of two records' votes; returns whether the records agreed before: voted
     for the same call, with no mismatch met yet (the module notes)."""
-    cdef int fields = (VOTE_WORDS - 1) // 2, i
-    cdef bint agree = not mine[0] and not theirs[0]
+    cdef int i
+    cdef bint agree = votes_agree(mine) and not theirs[0]
     for i in range(1, VOTE_WORDS):
         agree = agree and mine[i] == theirs[i]
-    for i in range(1, 1 + fields):
-        agree = agree and mine[i] == -mine[i + fields]
     for i in range(VOTE_WORDS):
         mine[i] = max(mine[i], theirs[i])
     return agree

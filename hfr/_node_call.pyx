@@ -79,7 +79,7 @@ from hfr._cuda cimport (CALL_EVENTS, DRAINED, LINKED, NO_LINK, NOT_READY, PAIR_E
 from hfr._cuda cimport copy as cuda_copy
 
 from hfr._internode cimport INTERRUPTED as RAIL_INTERRUPTED
-from hfr._internode cimport VOTE_WORDS
+from hfr._internode cimport VOTE_FIELDS, VOTE_WORDS, vote_for, votes_agree
 from hfr._internode cimport Call as RailCall
 from hfr._internode cimport Schedule, advance_fn, poll
 from hfr._kernels cimport CACHED, STORES_BY_SIZE, STREAMED, Kind, Stores, copy_nogil, kernel_kind, op_code, reduce_nogil
@@ -134,9 +134,9 @@ if 2 * STAGES > CALL_EVENTS or 2 * STAGES > PAIR_EVENTS:
                       f"events a stage ({STAGES} stages)")
 if PAIRABLE >= DESCRIPTOR_WORDS or PAIR_RECORD * 8 + sizeof(PairRecord) > ROW_WORDS * 8:
     raise ImportError("a control row has no room for the pair's words (hfr/_node_call.pxd)")
-if VOTE_WORDS != 1 + 2 * DESCRIPTOR_FIELDS:  # the verdict, then the descriptor and its negation (_check)
-    raise ImportError(f"hfr/_internode.pxd's VOTE_WORDS ({VOTE_WORDS}) must be 1 + 2 x DESCRIPTOR_FIELDS "
-                      f"({DESCRIPTOR_FIELDS})")
+if VOTE_WORDS != 1 + 2 * VOTE_FIELDS or <int>VOTE_FIELDS != <int>DESCRIPTOR_FIELDS:  # votes carry the descriptor
+    raise ImportError(f"hfr/_internode.pxd's votes ({VOTE_WORDS} words, {VOTE_FIELDS} fields) must carry the "
+                      f"descriptor's {DESCRIPTOR_FIELDS} fields")
 
 cdef struct Rail:  # a schedule of hfr/_internode.pyx over the rail, made in Python, polled here
     advance_fn advance  # NULL: no schedule
@@ -373,7 +373,7 @@ cdef class NodeCall:
         p.into_result = not reduces(p.collective)
         p.deposits = p.collective != BROADCAST or self.rank == fields[4]
         p.in_out = in_out
-        p.copies_out = _copies_out(p.collective, self.rank == fields[4], out == x) and not in_out
+        p.copies_out = receives(p.collective, self.rank == fields[4]) and not in_out
         # x and out within the elements the chunks cut (cut_count)
         p.x, p.x_nbytes = x, x_count * itemsize
         p.out, p.out_nbytes = out, out_count * itemsize
@@ -457,10 +457,15 @@ cpdef Py_ssize_t cut_count(int collective, Py_ssize_t x_count, Py_ssize_t out_co
     return out_count if collective == ALLGATHER else x_count
 
 
+cpdef bint apart(Py_ssize_t a, Py_ssize_t a_nbytes, Py_ssize_t b, Py_ssize_t b_nbytes) noexcept nogil:
+    """Whether a_nbytes at address a and b_nbytes at b share no byte."""
+    return a + a_nbytes <= b or b + b_nbytes <= a
+
+
 cpdef bint same_or_apart(Py_ssize_t a, Py_ssize_t b, Py_ssize_t nbytes) noexcept nogil:
     """Whether two arrays of nbytes at addresses a and b are one memory or apart: what a call's out may be to
     its x of the same size (in place, or out of place; a partial overlap would read bytes already written)."""
-    return a == b or b + nbytes <= a or a + nbytes <= b
+    return a == b or apart(a, nbytes, b, nbytes)
 
 
 cpdef bint at_shard(Py_ssize_t shard, Py_ssize_t whole, Py_ssize_t shard_nbytes, int rank) noexcept nogil:
@@ -481,13 +486,13 @@ cdef inline bint _whole(int collective, bint one_node, Py_ssize_t total) noexcep
     return one_node and reduces(collective) and total <= WHOLE_UP_TO_BYTES
 
 
-cdef inline bint _copies_out(int collective, bint is_root, bint out_is_x) noexcept nogil:
-    """Whether this rank's out receives the result: not a reduce's other ranks, nor a broadcast's root in
-    place."""
+cpdef bint receives(int collective, bint is_root) noexcept nogil:
+    """Whether this rank's out (x, in place) receives the call's result: not a reduce's other ranks, nor a
+    broadcast's root, whose x is the data."""
     if collective == REDUCE:
         return is_root
     if collective == BROADCAST:
-        return not (is_root and out_is_x)
+        return not is_root
     return True
 
 
@@ -843,12 +848,9 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
             differs = differs or other[i] != p.fields[i]
     if vote.advance == NULL:
         return MISMATCH if differs else WAITED
-    # across nodes: every node's verdict, and its descriptor as max(d) and max(-d): they are the same on
-    # every node where max(d) == -max(-d)
+    # across nodes: every node's verdict and descriptor, merged on the rail (hfr/_internode.pxd's vote_for)
     votes, other = <long long*>vote.call.buf - VOTE_WORDS, node.control + p.column  # local rank 0's descriptor
-    votes[0] = differs
-    for i in range(DESCRIPTOR_FIELDS):
-        votes[1 + i], votes[1 + DESCRIPTOR_FIELDS + i] = other[i], -other[i]
+    vote_for(votes, differs, other)
     if p.folded and not differs:  # the reduce's first steps, our slice into the vote's record
         waited = _arrive(node, p, g)
         if waited != WAITED:
@@ -861,10 +863,7 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
     waited = _run_rail(node, vote, VOTE_STOPPED)
     if waited != WAITED:
         return waited
-    differs = votes[0] != 0
-    for i in range(DESCRIPTOR_FIELDS):
-        differs = differs or votes[1 + i] != -votes[1 + DESCRIPTOR_FIELDS + i]
-    if not differs:
+    if votes_agree(votes):
         return WAITED
     if not p.arrived:
         return MISMATCH
@@ -898,6 +897,12 @@ cdef int _check(Node* node, Plan* p, Rail* vote) noexcept nogil:
 cpdef int partner_of(int local_rank, int local_size) noexcept nogil:
     """A local rank's GPU pair partner: local ranks 2i and 2i + 1 pair; -1 for an odd node's last rank."""
     return local_rank ^ 1 if (local_rank ^ 1) < local_size else -1
+
+
+cpdef Py_ssize_t pair_box_bytes(Py_ssize_t chunk) noexcept nogil:
+    """A GPU pair's box (its inbox, or its outbox): a part per stage (_box), each with room for a chunk's
+    larger half (_middle: half of it and a cache line at most)."""
+    return STAGES * (chunk // 2 + SLICE_ALIGN_BYTES)
 
 
 cdef inline uintptr_t _box(uintptr_t boxes, size_t box_bytes, bint outbox, int64_t g) noexcept nogil:

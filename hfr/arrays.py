@@ -15,7 +15,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ._kernels import data_address
-from ._node_call import at_shard, same_or_apart
+from ._node_call import apart, at_shard, same_or_apart
 from .ops import DTYPE_CODES, DTYPES, as_dtype
 
 __all__ = ["Array", "inspect", "check_out", "check_shards"]
@@ -154,7 +154,8 @@ def check_shards(x: Array, out: Any, collective: str, ranks: int, rank: int) -> 
     if whole.size != ranks * shard.size:
         raise ValueError(f"{collective} over {ranks} ranks needs {'x' if whole is x else 'out'} to hold {ranks} x "
                          f"{'out' if whole is x else 'x'}'s elements: x has {x.size}, out has {o.size}")
-    if shard.nbytes and not at_shard(shard.address, whole.address, shard.nbytes, rank) and _overlaps(o, x):
+    if (shard.nbytes and not at_shard(shard.address, whole.address, shard.nbytes, rank)
+            and not apart(o.address, o.nbytes, x.address, x.nbytes)):
         raise ValueError(f"out overlaps x other than at rank {rank}'s shard: pass separate arrays, or the shard "
                          f"at its place in the whole")
     return o
@@ -168,7 +169,3 @@ def _like(x: Array, out: Any) -> Array:
     if o.dtype != x.dtype:
         raise TypeError(f"out has dtype {o.dtype}, x has {x.dtype}")
     return o
-
-
-def _overlaps(a: Array, b: Array) -> bool:
-    return a.address < b.address + b.nbytes and b.address < a.address + a.nbytes

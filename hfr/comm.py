@@ -10,9 +10,10 @@ import numpy as np
 from mpi4py import MPI
 
 from . import internode, settings, topology
+from ._node_call import receives
 from .arrays import check_out, check_shards, inspect
 from .copies import caller_ready
-from .engine import Call, Engine
+from .engine import COLLECTIVE_CODES, Call, Engine
 from .errors import HFRError, HFRTimeoutError
 from .ops import Op, OpLike, as_op, is_float
 from .work import Work
@@ -222,8 +223,8 @@ class Communicator:
     def _checked_call(self, collective: str, x: Any, out: Any, op: OpLike, root: Any) -> Call:
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
             raise ValueError(f"root {root!r} is out of range: expected an int in [0, {self.size})")
-        receives = self.rank == root if collective == "reduce" else self.rank != root if collective == "broadcast" else True
-        xa = inspect(x, "x", writable=receives and out is None)
+        receiving = receives(COLLECTIVE_CODES[collective], self.rank == root)
+        xa = inspect(x, "x", writable=receiving and out is None)
         if collective in ("reduce_scatter", "allgather"):
             oa = check_shards(xa, out, collective, self.size, self.rank)
         else:
@@ -236,7 +237,7 @@ class Communicator:
                 self._device = xa.device
             if xa.device != self._device:
                 raise ValueError(f"x is on CUDA device {xa.device}, the communicator uses device {self._device}")
-        return Call(collective, xa, oa, op, root, None, oa.obj if receives else xa.obj)
+        return Call(collective, xa, oa, op, root, None, oa.obj if receiving else xa.obj)
 
     @staticmethod
     def _alone(call: Call, wait: bool = True) -> Any:

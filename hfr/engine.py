@@ -39,7 +39,7 @@ from .threads import name_this_thread
 from .topology import Layout
 from .work import Work
 
-__all__ = ["Engine", "Call", "COLLECTIVES"]
+__all__ = ["Engine", "Call", "COLLECTIVES", "COLLECTIVE_CODES"]
 
 # The protocol's numbers, defined once in hfr/_node_call.pxd
 STAGES = int(Protocol.STAGES)
@@ -51,8 +51,8 @@ REFUSED = int(Protocol.REFUSED)
 PAIR_READY, PAIR_SINCE, PAIR_RECORD = (int(Protocol.PAIR_READY), int(Protocol.PAIR_SINCE),
                                       int(Protocol.PAIR_RECORD))
 ABSENT_REPORT_GRACE_S = 1.0  # a rank timed out on the rail waits up to this long for its peers' word on who never came
-_COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
-_REDUCING = tuple(name for name, code in _COLLECTIVE_CODES.items() if _node_call.reduces(code))
+COLLECTIVE_CODES = {name: code for code, name in enumerate(COLLECTIVES)}
+_REDUCING = tuple(name for name, code in COLLECTIVE_CODES.items() if _node_call.reduces(code))
 _REWOUND = ("doubling", "halving")  # calls of one chunk in C by these keep their schedules per call shape
 _RAIL_SHAPES_KEPT = 64  # ... for this many call shapes
 _FOLDED_UP_TO_BYTES = internode.VOTE_ROOM_BYTES  # folded calls (the terms above): at most the vote record's room
@@ -77,7 +77,7 @@ class Call:
     @property
     def elements(self) -> int:
         """The elements the chunks cut (hfr/_node_call.pyx's cut_count)."""
-        return _node_call.cut_count(_COLLECTIVE_CODES[self.collective], self.x.size, self.out.size)
+        return _node_call.cut_count(COLLECTIVE_CODES[self.collective], self.x.size, self.out.size)
 
     @property
     def nbytes(self) -> int:
@@ -85,7 +85,7 @@ class Call:
 
     def descriptor(self) -> list[int]:
         """What the call check compares (hfr/_node_call.pyx's describe)."""
-        code = _COLLECTIVE_CODES[self.collective]
+        code = COLLECTIVE_CODES[self.collective]
         if self.refused:
             return _node_call.descriptor(code, REFUSED)
         return _node_call.descriptor(code, self.x.size, dtype_code(self.x.dtype), op_code(self.op), self.root)
@@ -388,8 +388,7 @@ class Engine:
         """Whether the call's one chunk goes over the rail with the call check's vote (folded, in
         hfr/_node_call.pyx's terms): the same answer on every rank that made this call (its size, the algo
         and the settings agreed when the Communicator was made)."""
-        return (self.layout.nnodes > 1 and call.collective in _REDUCING
-                and 0 < call.nbytes <= min(_FOLDED_UP_TO_BYTES, self.chunk) and self._algo_for(call) == "doubling")
+        return self._kept(call) and call.nbytes <= _FOLDED_UP_TO_BYTES and self._algo_for(call) == "doubling"
 
     def _rail_schedules(self, call: Call, stage: int) -> tuple:
         """_rails of a call of one chunk by doubling or halving, made once per call shape and rewound: the
@@ -478,15 +477,14 @@ class Engine:
 
     def _prepare_pair(self, copies: CudaCopies) -> None:
         """This rank's side of its GPU pair (hfr/pairs.py), published in its control row (PAIR_SINCE, then
-        PAIR_READY) for its partner, where pairs are wanted and can form (pairs.wanted) and it has one. A box
-        part holds a chunk's larger half: half of it and a cache line at most (the middle lies on one)."""
+        PAIR_READY) for its partner, where pairs are wanted and can form (pairs.wanted) and it has one."""
         layout = self.layout
         if _node_call.partner_of(layout.local_rank, layout.local_size) < 0 or not pairs.wanted(self.pairing):
             return
-        part = self.chunk // 2 + int(Protocol.SLICE_ALIGN_BYTES)
         record = self.segment.control[layout.local_rank, PAIR_RECORD:].ctypes.data
         try:
-            copies.pair_kernels = pairs.prepare(copies.driver, copies.device, STAGES * part, record, self.pairing)
+            box_bytes = _node_call.pair_box_bytes(self.chunk)
+            copies.pair_kernels = pairs.prepare(copies.driver, copies.device, box_bytes, record, self.pairing)
         except Exception as error:
             if self.pairing == "on":
                 raise HFRError(f"rank {layout.rank}: HFR_PAIRS=on, but its GPU pair could not be prepared: {error}") \

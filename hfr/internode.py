@@ -55,7 +55,7 @@ from mpi4py import MPI
 
 from ._internode import BLOCKS_IN_FLIGHT, Collective, CollectiveKind, Doubling, Ring, Schedule, TreePipeline
 from ._internode import ring_scratch_elements, tree_scratch_bytes
-from ._internode import ABSENT_REPORT_TAG as _ABSENT_TAG
+from ._internode import Tag
 from ._internode import VOTE_RECORD_WORDS as VOTE_WORDS
 from . import _wait
 from .dbtree import TREES, Node, parent_children, rooted_parent_children
@@ -76,10 +76,7 @@ TREE_GRANULE_BYTES = 1024 * 1024  # fixed: changing it changes which tree sums w
 DEFAULT_BLOCK_BYTES = 256 * 1024
 RING_GRANULE_BYTES = 64 * 1024  # fixed, as TREE_GRANULE_BYTES: it decides which order sums each element
 
-_TREE_TAGS = [(0x4846, 0x4848), (0x4847, 0x4849)]  # (up, down) by tree; all below MPI's smallest TAG_UB, 32767
-_RING_TAG = 0x484A
-_DOUBLING_TAG = 0x484B
-_VOTE_TAG = 0x484C
+_TREE_TAGS = [(Tag.TREE0_UP, Tag.TREE0_DOWN), (Tag.TREE1_UP, Tag.TREE1_DOWN)]  # (up, down) by tree
 
 _MPI_OPS = {Op.SUM: MPI.SUM, Op.MAX: MPI.MAX, Op.MIN: MPI.MIN, Op.PROD: MPI.PROD}
 _OWN_MPI_OPS: dict[tuple[np.dtype, Op], MPI.Op] = {}  # made once per (dtype, op), never freed
@@ -307,7 +304,7 @@ def report_absent(rail: MPI.Comm, ranks: list[int], timed_out: bool) -> None:
     message = np.array([timed_out, *ranks], np.int64)
     for peer in range(rail.Get_size()):
         if peer != rail.Get_rank():
-            keep_for_good(rail.Isend(message, peer, _ABSENT_TAG), message)  # no one may ever receive it
+            keep_for_good(rail.Isend(message, peer, Tag.ABSENT_TAG), message)  # no one may ever receive it
 
 
 def rail_closed(rail: MPI.Comm, timeout: float) -> bool:
@@ -318,7 +315,7 @@ def rail_closed(rail: MPI.Comm, timeout: float) -> bool:
     if rail.Get_size() == 1:
         return True
     try:
-        complete(rail.Ibarrier(), timeout, _RailKept, vain=lambda: rail.Iprobe(MPI.ANY_SOURCE, _ABSENT_TAG))
+        complete(rail.Ibarrier(), timeout, _RailKept, vain=lambda: rail.Iprobe(MPI.ANY_SOURCE, Tag.ABSENT_TAG))
     except _RailKept:
         keep_for_good(rail)
         return False
@@ -345,9 +342,9 @@ def _reports(rail: MPI.Comm, peers: list[int]) -> dict[int, tuple[bool, list[int
     reports: dict[int, tuple[bool, list[int]]] = {}
     status = MPI.Status()
     for peer in peers:
-        if rail.Iprobe(peer, _ABSENT_TAG, status):
+        if rail.Iprobe(peer, Tag.ABSENT_TAG, status):
             message = np.empty(status.Get_count(MPI.INT64_T), np.int64)
-            rail.Recv(message, peer, _ABSENT_TAG)
+            rail.Recv(message, peer, Tag.ABSENT_TAG)
             reports[peer] = (bool(message[0]), [int(r) for r in message[1:]])
     return reports
 
@@ -370,11 +367,11 @@ def schedule(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, algo: str, thr
     if algo == "ring":
         granule = max(1, RING_GRANULE_BYTES // buf.itemsize)
         need = ring_scratch_elements(first, buf.size, granule, rail.Get_size()) * buf.itemsize
-        return Ring(rail, buf, op, _scratch("ring", need) if scratch is None else scratch, threads, _RING_TAG, first,
+        return Ring(rail, buf, op, _scratch("ring", need) if scratch is None else scratch, threads, Tag.RING_TAG, first,
                     granule)
     if algo in ("doubling", "halving"):
         return Doubling(rail, buf, op, _scratch("doubling", buf.nbytes) if scratch is None else scratch, threads,
-                        _DOUBLING_TAG, algo == "halving")
+                        Tag.DOUBLING_TAG, algo == "halving")
     if algo == "gather":
         gathered = _scratch("gather", rail.Get_size() * buf.nbytes) if scratch is None else scratch
         return Collective(rail, buf, op, gathered, threads, CollectiveKind.GATHER)
@@ -456,7 +453,7 @@ def vote_schedule(rail: MPI.Comm, record: VoteRecord, count: int = 0, dtype: np.
     the rail and, where every rank voted for the same call, its count elements of data = their op-reduction,
     the bits doubling gives (a doubling on a tag of its own, so that messages a failed data step left
     behind can never match it). May be rewound and run again; schedules of one record run one at a time."""
-    return Doubling(rail, record.data(count, dtype), op, record.scratch, threads, _VOTE_TAG, False, record.buffer)
+    return Doubling(rail, record.data(count, dtype), op, record.scratch, threads, Tag.VOTE_TAG, False, record.buffer)
 
 
 def vote(rail: MPI.Comm, schedule: Doubling, deadline: Optional[float]) -> None:

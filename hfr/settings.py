@@ -6,6 +6,7 @@ import re
 from typing import Optional, Union
 
 from ._node_call import Protocol
+from .internode import ALGOS as RAIL_ALGOS
 from .pairs import MODES as PAIRS_MODES
 
 __all__ = ["chunk_bytes", "timeout", "num_threads", "threads", "algo", "pairs", "cache_bytes", "DEFAULT_CHUNK_BYTES",
@@ -14,7 +15,7 @@ __all__ = ["chunk_bytes", "timeout", "num_threads", "threads", "algo", "pairs", 
 DEFAULT_CHUNK_BYTES = 8 << 20  # measured: 186 MiB on CuPy, n=4, 23.7 ms vs 33.8 with 4 MiB (bench/RESULTS.md)
 DEFAULT_TIMEOUT = 300.0  # seconds a rank waits for a peer before HFRTimeoutError
 CHUNK_ALIGN = int(Protocol.CHUNK_ALIGN_BYTES)
-ALGOS = ("auto", "dbtree", "doubling", "halving", "ring", "mpi", "gather")
+ALGOS = ("auto", *RAIL_ALGOS)  # auto: chosen by size (internode.choose_algo)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
