@@ -113,6 +113,17 @@ cpdef tuple rail_shape_key(int stage, Py_ssize_t count, int dtype_code, int op_c
     return (stage, count, dtype_code, op_code)
 
 
+cpdef tuple rewound(tuple schedules):
+    """A kept call shape's schedules (vote, [rail], folded: the engine's _rail_schedules) rewound for its next
+    call; returned."""
+    cdef Schedule vote = schedules[0], rail
+    vote.rewind()
+    for rail in schedules[1]:
+        if rail is not None:
+            rail.rewind()
+    return schedules
+
+
 cdef class Front:
     cdef PyThread_type_lock order  # guards unfinished and closed; held only in short sections
     cdef PyThread_type_lock running  # held by the call that runs
@@ -455,7 +466,7 @@ cdef class Front:
         """Run the admitted allreduce, whose thread holds the running lock, raising its failure: in C,
         or across nodes where its call shape's rail schedules are not made yet, by the engine's Python
         (which makes them)."""
-        cdef Schedule vote = None, rail
+        cdef Schedule vote = None
         cdef list rails = None
         cdef bint folded = False
         cdef long long fields[DESCRIPTOR_FIELDS]  # the descriptor (hfr/_node_call.pyx's describe)
@@ -468,11 +479,7 @@ cdef class Front:
                 if error is not None:
                     raise error
                 return
-            vote, rails, folded = schedules
-            vote.rewind()
-            for rail in rails:
-                if rail is not None:
-                    rail.rewind()
+            vote, rails, folded = rewound(schedules)
         describe(fields, ALLREDUCE, o.count, d, k, 0)
         try:  # in_out (the False below) is never a kept call shape's, nor one node's (engine._result_in_out)
             if o.cuda:  # ordered after the caller's stream as it is now

@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _node_call, _wait, internode, pairs, topology
-from ._front import Front, rail_shape_key
+from ._front import Front, rail_shape_key, rewound
 from ._node_call import Closing, Collective, PairReady, Pairs, Protocol, cache_chunk_bytes
 from .arrays import Array, inspect
 from .copies import CudaCopies, caller_ready
@@ -399,11 +399,7 @@ class Engine:
             if len(self._rail_shapes) >= _RAIL_SHAPES_KEPT:
                 del self._rail_shapes[next(iter(self._rail_shapes))]  # the oldest
             schedules = self._rail_shapes[shape] = self._rail_schedule(call)
-        vote, (rail,), _ = schedules
-        vote.rewind()
-        if rail is not None:
-            rail.rewind()
-        return schedules
+        return rewound(schedules)
 
     def _rail_schedule(self, call: Call) -> tuple:
         """(vote, [rail], folded) for _rail_schedules."""
