@@ -1,12 +1,14 @@
 # The C entry of hfr/_cuda.pyx, for hfr/_node_call.pyx (which stages a CUDA array's call with it).
 from libc.stdint cimport uintptr_t
 
+from hfr._simd cimport KIND_COUNT, OP_COUNT
+
 cdef enum:
     CALL_EVENTS = 6  # events of a device's, made once, that a call records after its copies (hfr/_node_call.pyx)
     CUDA_EVENTS = CALL_EVENTS + 1  # and one on the caller's stream (order)
     PAIR_EVENTS = 6  # interprocess events a GPU pair's rank records after its pushes to its partner
-    PAIR_OPS = 4  # the pair's add kernels, one per element kind (hfr/_simd.pxd's Kind) and op (SUM, MAX, MIN, PROD)
-    PAIR_KERNELS = 10 * PAIR_OPS
+    PAIR_OPS = OP_COUNT  # the pair's add kernels, one per element kind (hfr/_simd.pxd's Kind) and op
+    PAIR_KERNELS = KIND_COUNT * PAIR_OPS
     UUID_BYTES = 16
     IPC_HANDLE_BYTES = 64
     NOT_READY = 600  # CUDA_ERROR_NOT_READY: what ran() says of work not run yet

@@ -83,7 +83,7 @@ from hfr._internode cimport VOTE_FIELDS, VOTE_WORDS, vote_for, votes_agree
 from hfr._internode cimport Call as RailCall
 from hfr._internode cimport Schedule, advance_fn, poll
 from hfr._kernels cimport CACHED, STORES_BY_SIZE, STREAMED, Kind, Stores, copy_nogil, kernel_kind, op_code, reduce_nogil
-from hfr._simd cimport BF16, F32, F64, FP16, I8, I32, I64, MAX, MIN, PROD, SUM, U8, U32, U64
+from hfr._simd cimport BF16, F32, F64, FP16, I8, I32, I64, KIND_COUNT, MAX, MIN, PROD, SUM, U8, U32, U64
 from hfr._spin cimport counters_reached, gone_row
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_idle, hfr_load_acquire, hfr_now, raise_pending, signal_raised
 
@@ -448,7 +448,7 @@ _CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current (its even
 _KIND_NAMES = {F32: "f32", F64: "f64", I8: "i8", U8: "u8", I32: "i32", U32: "u32", I64: "i64", U64: "u64",
                BF16: "bf16", FP16: "fp16"}
 _OP_NAMES = {SUM: "sum", MAX: "max", MIN: "min", PROD: "prod"}
-PAIR_KERNEL_NAMES = tuple(f"hfr_pair_{_KIND_NAMES[k]}_{_OP_NAMES[o]}" for k in range(len(_KIND_NAMES))
+PAIR_KERNEL_NAMES = tuple(f"hfr_pair_{_KIND_NAMES[k]}_{_OP_NAMES[o]}" for k in range(KIND_COUNT)
                           for o in range(PAIR_OPS))
 
 
