@@ -1,5 +1,5 @@
 """Builds hfr._kernels (its own pthread pool) with its tile loops once per SIMD level, hfr._wait, hfr._internode,
-hfr._spin, hfr._cuda, hfr._node_call and hfr._front."""
+hfr._cuda, hfr._node_call and hfr._front."""
 import os
 import platform
 from pathlib import Path
@@ -54,11 +54,8 @@ kernels = Extension(
 internode = Extension("hfr._internode", ["hfr/_internode.pyx"], include_dirs=[numpy.get_include()], extra_compile_args=["-O2"],
                  define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
 
-# What every wait looks at besides its condition: pending signals, a cancelled call.
+# What every wait looks at besides its condition: pending signals, a cancelled call (the wait itself: _wait.pxd).
 wait = Extension("hfr._wait", ["hfr/_wait.pyx"], extra_compile_args=["-O2"])
-
-# Waits on the node's counters with the GIL released (hfr/engine.py falls back to Python polling).
-spin = Extension("hfr._spin", ["hfr/_spin.pyx"], extra_compile_args=["-O2"])
 
 # A CUDA array's copies to and from page-locked memory in C; the CUDA driver's functions are looked up at run
 # time, so no CUDA is needed here.
@@ -74,7 +71,7 @@ front = Extension("hfr._front", ["hfr/_front.pyx"], include_dirs=[numpy.get_incl
 
 setup(
     ext_modules=cythonize(
-        [*tiles, kernels, wait, internode, spin, cuda, node_call, front],
+        [*tiles, kernels, wait, internode, cuda, node_call, front],
         compiler_directives={
             "language_level": "3",
             "boundscheck": False,

@@ -60,7 +60,7 @@ from libc.string cimport memcpy, memset
 
 cimport numpy as cnp
 from hfr._kernels cimport STORES_BY_SIZE, Kind, kernel_kind, op_code, reduce_nogil
-from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_idle, hfr_load_acquire, hfr_now, raise_pending, signal_raised
+from hfr._wait cimport ENDED, MOVED, STILL, WAIT_SIGNALLED, Look, hfr_load_acquire, raise_pending, wait_for
 
 import ctypes
 
@@ -271,42 +271,43 @@ cdef inline bint _done(Flow* f) noexcept nogil:
 
 # ---- polling --------------------------------------------------------------------------------------------
 
+cdef struct Polled:  # a schedule as wait_for polls it
+    advance_fn advance
+    void* state
+    Call* c
+    bint done
+
+
+cdef Look _advanced(void* state) noexcept nogil:
+    """One advance of the schedule: ENDED once done or failed (c.error)."""
+    cdef Polled* p = <Polled*>state
+    cdef bint moved = p.advance(p.state, p.c, &p.done)
+    return ENDED if p.c.error or p.done else MOVED if moved else STILL
+
+
+cdef bint _rail_gone(void* state) noexcept nogil:
+    """Whether a rail peer reported that it broke (c.error PEER_FAILED: the steps that wait for it never end)
+    or a rank of our node broke (c.error NODE_PEER_FAILED, where c.watch)."""
+    cdef Call* c = (<Polled*>state).c
+    if _peer_failed(c):
+        c.error = PEER_FAILED
+    elif _node_peer_failed(c):
+        c.error = NODE_PEER_FAILED
+    return c.error != 0
+
+
 cdef bint poll(advance_fn advance, void* state, Call* c, double deadline) noexcept nogil:
     """Advance until done (True), an MPI call fails (c.error), a signal handler raises (c.error
-    INTERRUPTED), a rail peer reports that it broke (c.error PEER_FAILED: the steps that wait for it never
-    end), a rank of our node broke (c.error NODE_PEER_FAILED, where c.watch) or deadline passes (False).
-    Between polls that move nothing, hfr_idle; pending signals, reports and c.watch's words are looked at
-    every HFR_SIGNAL_CHECK_S."""
-    cdef double last_progress = hfr_now(), last_signal_check = last_progress, now
-    cdef bint done = False, moved
+    INTERRUPTED), a peer is gone (_rail_gone's c.error) or deadline passes (False): a wait (wait_for)."""
+    cdef Polled p
     cdef Py_ssize_t i
     for i in range(c.nunheld):
         memset(c.buf + c.unheld[2 * i], 0, c.unheld[2 * i + 1] - c.unheld[2 * i])
     c.nunheld = 0
-    while True:
-        moved = advance(state, c, &done)
-        if c.error:
-            return False
-        if done:
-            return True
-        now = hfr_now()
-        if moved:
-            last_progress = now
-            continue
-        if now > deadline:
-            return False
-        if now - last_signal_check > HFR_SIGNAL_CHECK_S:
-            last_signal_check = now
-            if signal_raised():
-                c.error = INTERRUPTED
-                return False
-            if _peer_failed(c):
-                c.error = PEER_FAILED
-                return False
-            if _node_peer_failed(c):
-                c.error = NODE_PEER_FAILED
-                return False
-        hfr_idle(now - last_progress)
+    p.advance, p.state, p.c, p.done = advance, state, c, False
+    if wait_for(_advanced, _rail_gone, &p, deadline, True) == WAIT_SIGNALLED:
+        c.error = INTERRUPTED
+    return p.done and not c.error
 
 
 cdef bint _peer_failed(Call* c) noexcept nogil:

@@ -84,8 +84,8 @@ from hfr._internode cimport Call as RailCall
 from hfr._internode cimport Schedule, advance_fn, poll
 from hfr._kernels cimport CACHED, STORES_BY_SIZE, STREAMED, Kind, Stores, copy_nogil, kernel_kind, op_code, reduce_nogil
 from hfr._simd cimport BF16, F32, F64, FP16, I8, I32, I64, KIND_COUNT, MAX, MIN, PROD, SUM, U8, U32, U64
-from hfr._spin cimport counters_reached, gone_row
-from hfr._wait cimport HFR_SIGNAL_CHECK_S, hfr_idle, hfr_load_acquire, hfr_now, raise_pending, signal_raised
+from hfr._wait cimport (ENDED, STILL, WAIT_ENDED, WAIT_SIGNALLED, WAIT_TIMED_OUT, Look, Waited, hfr_load_acquire, hfr_now,
+                        raise_pending, wait_for)
 
 from hfr._cuda import error_text
 from hfr.ops import Op, combining
@@ -189,28 +189,59 @@ cdef inline void _mark(Plan* p, Py_ssize_t c, Mark step) noexcept nogil:
         p.marks[c * MARKS + step] = hfr_now()
 
 
+cdef inline bint _closed(Node* node, int rank) noexcept nogil:
+    """Whether local rank `rank` closed or broke (its CLOSING word HEALTHY or BROKEN): it makes no more progress."""
+    return hfr_load_acquire(node.control + rank * node.row_words + CLOSING) > 0
+
+
+cdef struct Counters:  # what _wait_ranks waits for: word `column` of local ranks [first, first + count) at target
+    Node* node
+    int first, count
+    Py_ssize_t column
+    int64_t target
+    int gone  # the first of them that is gone (_short_and_closed), else -1
+
+
+cdef Look _counters_reached(void* state) noexcept nogil:
+    cdef Counters* w = <Counters*>state
+    cdef const long long* word = w.node.control + w.first * w.node.row_words + w.column
+    cdef int r
+    for r in range(w.count):
+        if hfr_load_acquire(word + r * w.node.row_words) < w.target:
+            return STILL
+    return ENDED
+
+
+cdef bint _short_and_closed(void* state) noexcept nogil:
+    """Whether one of the ranks closed or broke (_closed) short of the target: a rank stores its counters
+    before its CLOSING word, so the one read after that word (acquire) is its last."""
+    cdef Counters* w = <Counters*>state
+    cdef int r
+    if w.column == CLOSING:
+        return False
+    for r in range(w.first, w.first + w.count):
+        if _closed(w.node, r) and hfr_load_acquire(w.node.control + r * w.node.row_words + w.column) < w.target:
+            w.gone = r
+            return True
+    return False
+
+
 cdef int _wait_ranks(Node* node, int first, int count, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
     """WAITED once the counters in column of local ranks [first, first + count) have reached target; timed_out
-    if the timeout passes first, or before it where a rank that has not reached it has closed or broken (its
-    CLOSING word HEALTHY or BROKEN: gone_rank), INTERRUPTED if a signal handler raised meanwhile."""
-    cdef double deadline = hfr_now() + node.timeout
-    cdef long long* rows = node.control + first * node.row_words
-    cdef int gone = -1
+    if the timeout passes first, or before it where a rank that has not reached it is gone (gone_rank:
+    _short_and_closed), INTERRUPTED if a signal handler raised meanwhile."""
+    cdef Counters w
     if target <= 0:
         return WAITED
-    while not counters_reached(rows, node.row_words, count, column, target,
-                               min(HFR_SIGNAL_CHECK_S, deadline - hfr_now())):
-        if hfr_now() < deadline:
-            if signal_raised():
-                return INTERRUPTED
-            gone = -1 if column == CLOSING else gone_row(rows, node.row_words, count, CLOSING, column, target)
-            if gone < 0:
-                continue
-            gone += first
-        node.late_column, node.late_target, node.gone_rank = column, target, gone
-        node.late_only = first if count == 1 and node.local_size > 1 else -1
-        return timed_out
-    return WAITED
+    w.node, w.first, w.count, w.column, w.target, w.gone = node, first, count, column, target, -1
+    cdef Waited waited = wait_for(_counters_reached, _short_and_closed, &w, hfr_now() + node.timeout, True)
+    if waited == WAIT_ENDED:
+        return WAITED
+    if waited == WAIT_SIGNALLED:
+        return INTERRUPTED
+    node.late_column, node.late_target, node.gone_rank = column, target, w.gone
+    node.late_only = first if count == 1 and node.local_size > 1 else -1
+    return timed_out
 
 
 cdef inline int _wait_all(Node* node, Py_ssize_t column, int64_t target, int timed_out) noexcept nogil:
@@ -729,27 +760,40 @@ cdef int _retire(Node* node, Plan* p, int64_t until) noexcept nogil:
     return WAITED
 
 
+cdef struct EventWait:  # what _ran_within waits for
+    Node* node
+    Cuda* cuda
+    int event
+    int watched  # a local rank whose going ends the wait, or -1
+    int error  # what ran() said last
+
+
+cdef Look _event_ran(void* state) noexcept nogil:
+    cdef EventWait* w = <EventWait*>state
+    w.error = ran(w.cuda, w.event)
+    return STILL if w.error == NOT_READY else ENDED
+
+
+cdef bint _watched_closed(void* state) noexcept nogil:
+    cdef EventWait* w = <EventWait*>state
+    return w.watched >= 0 and _closed(w.node, w.watched)
+
+
 cdef int _ran_within(Node* node, Cuda* cuda, int event, bint signals, int watched) noexcept nogil:
     """Poll until what our events[event] was recorded after has run (DRAINED: all the call's streams hold):
     0, or the CUresult it failed with; NOT_READY once the timeout passes first; where `signals`, INTERRUPTED
     if a signal handler raised meanwhile; WATCHED_GONE if local rank `watched` (not -1: a GPU pair partner,
-    whose pushes our streams may wait on) closed or broke (its CLOSING word), looked at from a signal check's
-    slice on. A poll, as every wait of the call: the driver's blocking wait would outlive the timeout and
-    Ctrl-C where a stream waits on a partner's push that never runs."""
-    cdef double start = hfr_now(), looked = start, now
-    cdef int error
-    while True:
-        error = ran(cuda, event)
-        now = hfr_now()
-        if error != NOT_READY or now - start > node.timeout:
-            return error
-        if now - looked > HFR_SIGNAL_CHECK_S:
-            looked = now
-            if signals and signal_raised():
-                return INTERRUPTED
-            if watched >= 0 and hfr_load_acquire(node.control + watched * node.row_words + CLOSING) > 0:
-                return WATCHED_GONE
-        hfr_idle(now - start)
+    whose pushes our streams may wait on) closed or broke (_closed). A poll, as every wait of the call: the
+    driver's blocking wait would outlive the timeout and Ctrl-C where a stream waits on a partner's push that
+    never runs."""
+    cdef EventWait w
+    w.node, w.cuda, w.event, w.watched, w.error = node, cuda, event, watched, NOT_READY
+    cdef Waited waited = wait_for(_event_ran, _watched_closed, &w, hfr_now() + node.timeout, signals)
+    if waited == WAIT_ENDED:
+        return w.error
+    if waited == WAIT_SIGNALLED:
+        return INTERRUPTED
+    return NOT_READY if waited == WAIT_TIMED_OUT else WATCHED_GONE
 
 
 cdef int _until_ran(Node* node, Plan* p, int event, CudaStep step) noexcept nogil:
