@@ -32,16 +32,20 @@ cdef bint signal_raised() noexcept nogil:
     return False
 
 
-def check() -> None:
-    """signal_raised for a wait written in Python: raises what a handler raised, or the cancellation."""
-    if signal_raised():
-        raise_pending()
-
-
-def idle(double idle_s) -> None:
-    """hfr_idle for a wait written in Python, idle_s after its last progress, the GIL released."""
-    with nogil:
-        hfr_idle(idle_s)
+def until(ready, double deadline) -> bool:
+    """A wait written in Python: call ready() until it returns true (True) or deadline (time.monotonic()'s
+    clock) passes (False), idling between calls as every wait does (hfr_idle, the GIL released); a signal
+    handler's exception, or close() from one, ends it (signal_raised)."""
+    cdef double start = hfr_now(), now
+    while not ready():
+        now = hfr_now()
+        if now > deadline:
+            return False
+        if signal_raised():
+            raise_pending()
+        with nogil:
+            hfr_idle(now - start)
+    return True
 
 
 def cancel_running_call() -> None:

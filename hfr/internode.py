@@ -247,18 +247,13 @@ def stopped(rail: MPI.Comm, schedule, what: str) -> NoReturn:
 def complete(request: MPI.Request, timeout: float, timed_out: Callable[[], BaseException], *buffers,
              vain: Optional[Callable[[], bool]] = None) -> None:
     """Wait for request (an MPI exchange of the Python side: the mismatch report, the settings' check, the
-    rail's closing barrier): poll it, idle between polls as every wait is (hfr/_wait.pxd's hfr_idle, the GIL
-    released); raise timed_out() once timeout seconds pass, or once vain() says it never completes. A signal
-    handler's exception (or close() from one) ends the wait too. If the wait ends first, request and
-    buffers are kept for good: MPI may still write there."""
-    start = time.monotonic()
-    try:
-        while not request.Test():
-            _wait.check()
-            idle = time.monotonic() - start
-            if idle > timeout or vain is not None and vain():
-                raise timed_out()
-            _wait.idle(idle)
+    rail's closing barrier): poll it as every wait in Python does (_wait.until); raise timed_out() once timeout
+    seconds pass, or once vain() says it never completes. A signal handler's exception (or close() from one)
+    ends the wait too. If the wait ends first, request and buffers are kept for good: MPI may still write there."""
+    try:  # a completed request is MPI.REQUEST_NULL
+        if (not _wait.until(lambda: request.Test() or vain is not None and vain(), time.monotonic() + timeout)
+                or request != MPI.REQUEST_NULL):
+            raise timed_out()
     except BaseException:
         keep_for_good(request, *buffers)
         raise
@@ -329,10 +324,12 @@ class _RailKept(Exception):
 def reported_absent(rail: MPI.Comm, peers: list[int], grace: float) -> dict[int, list[int]]:
     """The ranks that each of these rail peers blamed in its report (report_absent) within grace seconds."""
     reports: dict[int, tuple[bool, list[int]]] = {}
-    deadline = time.monotonic() + grace
-    while len(reports) < len(peers) and time.monotonic() < deadline:
+
+    def all_reported() -> bool:
         reports.update(_reports(rail, [p for p in peers if p not in reports]))
-        time.sleep(1e-3)
+        return len(reports) == len(peers)
+
+    _wait.until(all_reported, time.monotonic() + grace)
     return {peer: ranks for peer, (_, ranks) in reports.items()}
 
 

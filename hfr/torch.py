@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import default_communicator
+from . import _wait, default_communicator
 from .arrays import inspect
 from .comm import Communicator
 from .errors import HFRError, HFRTimeoutError
@@ -167,12 +167,8 @@ class _Work(dist.Work):
         """Block until the call has finished; re-raise its failure. With a timeout (0: none), raise
         hfr.HFRTimeoutError if it has not finished by then (the call goes on). For CUDA tensors the
         caller's current streams then wait for the result, as with a future's wait()."""
-        if timeout:
-            deadline = time.monotonic() + timeout.total_seconds()
-            while not self._call.finished():
-                if time.monotonic() > deadline:
-                    raise HFRTimeoutError(f"the hfr collective has not finished after {timeout.total_seconds()} s")
-                time.sleep(1e-3)
+        if timeout and not _wait.until(self._call.finished, time.monotonic() + timeout.total_seconds()):
+            raise HFRTimeoutError(f"the hfr collective has not finished after {timeout.total_seconds()} s")
         self._call.settle()
         self._future.wait()
         return True

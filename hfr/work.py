@@ -5,6 +5,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from . import _wait
 from .errors import HFRTimeoutError
 
 __all__ = ["Work"]
@@ -42,10 +43,8 @@ class Work:
             raise self._error
         if self._device_ready is not None and deadline is None:
             self._device_ready.synchronize()
-        while not self.done():  # with a timeout: poll the device
-            if time.monotonic() > deadline:
-                raise HFRTimeoutError(f"{self._describe()} has not finished on the device after {timeout} s")
-            time.sleep(1e-4)
+        if not self.done() and not _wait.until(self.done, deadline):  # with a timeout: poll the device
+            raise HFRTimeoutError(f"{self._describe()} has not finished on the device after {timeout} s")
         return self._result
 
     def __repr__(self) -> str:
