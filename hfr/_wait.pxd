@@ -15,16 +15,11 @@ cdef extern from *:
     static inline void hfr_nap(long ns) { struct timespec t = {0, ns}; nanosleep(&t, NULL); }
     #define HFR_SIGNAL_CHECK_S 0.05  /* a long wait in C looks at pending signals this often */
     /* Between two looks at what a wait waits for (counters, MPI requests), idle_s after the last progress:
-       yield the CPU (a chunk's copies take ~0.1-1 ms), then nap, so idle ranks leave the cores to others:
-       20 us, or a hundredth of idle_s up to 1 ms, so that a long wait (a late peer, a timeout) wakes within
-       1% of its length after what it waits for and costs its core little meanwhile. */
+       yield the CPU (a chunk's copies take ~0.1-1 ms), then nap, so idle ranks leave the cores to others. */
     #define HFR_WAIT_YIELD_S 2e-3
     #define HFR_WAIT_NAP_NS 20000
-    #define HFR_WAIT_LONGEST_NAP_NS 1000000
     static inline void hfr_idle(double idle_s) {
-        long nap = (long)(idle_s * 1e7);
-        if (idle_s < HFR_WAIT_YIELD_S) sched_yield();
-        else hfr_nap(nap < HFR_WAIT_NAP_NS ? HFR_WAIT_NAP_NS : nap > HFR_WAIT_LONGEST_NAP_NS ? HFR_WAIT_LONGEST_NAP_NS : nap);
+        if (idle_s < HFR_WAIT_YIELD_S) sched_yield(); else hfr_nap(HFR_WAIT_NAP_NS);
     }
     static inline long long hfr_load_acquire(const long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     """
