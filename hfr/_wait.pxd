@@ -1,10 +1,11 @@
-# Waiting in C with the GIL released, shared by hfr/_node_call.pyx, hfr/_internode.pyx and hfr/_front.pyx: a
-# monotonic clock in seconds (time.monotonic()'s, so Python deadlines compare with it), a nap, sched_yield, what
+# Waiting in C with the GIL released, shared by hfr/_node_call.pyx, hfr/_internode.pyx, hfr/_front.pyx and
+# hfr/_kernels.pyx: a monotonic clock in seconds (time.monotonic()'s, so Python deadlines compare with it), a nap, sched_yield, what
 # every wait does between looks (hfr_idle), the read of a word another process publishes (hfr_load_acquire: the
 # stores before its release are seen after it), a look at pending signals (Ctrl-C) and at a cancelled call
 # (hfr/_wait.pyx), and the one loop every wait of a call runs (wait_for).
-# A wait in Python would take the GIL back after every look, and a thread waiting for the GIL (the caller's
-# training loop, torch's autograd thread) would then wait out the 5 ms switch interval each time.
+# A call's waits run here: a wait in Python (hfr/_wait.pyx's until, for the few outside a call's steps) takes the
+# GIL back after every look, and a thread waiting for the GIL (the caller's training loop, torch's autograd thread)
+# then waits out the 5 ms switch interval each time.
 cdef extern from *:
     """
     #include <sched.h>
@@ -60,7 +61,7 @@ ctypedef bint (*gone_fn)(void* state) noexcept nogil
 
 cdef inline Waited wait_for(look_fn look, gone_fn gone, void* state, double deadline, bint signals) noexcept nogil:
     """Look until the look sees ENDED or deadline (hfr_now's clock) passes; every HFR_SIGNAL_CHECK_S, where
-    `signals`, run pending signal handlers, and ask `gone` (where not NULL) whether a peer is gone. Between
+    `signals`, run pending signal handlers, and ask `gone` whether a peer is gone. Between
     looks that move nothing, hfr_idle, timed from the last that moved (or the start)."""
     cdef double last_moved = hfr_now(), last_check = last_moved, now
     cdef Look seen
@@ -78,6 +79,6 @@ cdef inline Waited wait_for(look_fn look, gone_fn gone, void* state, double dead
             last_check = now
             if signals and signal_raised():
                 return WAIT_SIGNALLED
-            if gone != NULL and gone(state):
+            if gone(state):
                 return WAIT_GONE
         hfr_idle(now - last_moved)
