@@ -2,7 +2,7 @@
 # Everything the GPU machine builds, checks and times, by stages (DESIGN.md, "On the GPU machine"); one
 # call may run several (`bash bench/gpu_suite.sh overlap torch`) within the device's 10 minutes a command.
 #   check      build in place, kernel/CuPy/torch tests (the CPU-only ones run in CI), the fake CUDA driver's tests
-#              (tests/test_staged.py: CI's, here beside a real driver they must not bind), kernel benchmark (~3.5 min)
+#              (tests/test_staged.py: CI's, here beside a real driver they must not bind), kernel benchmark (~7 min)
 #   bench      allreduce on CuPy (beside the PCIe floor) and NumPy arrays, n = 4 and 8 (~4 min)
 #   overlap    matrix products beside hfr's allreduce and beside plain copies (~1.5 min)
 #   torch      the transformer's step under DDP and FSDP2 with none/hfr/hfr-hook/gloo, fp32 and bf16 (~8 min)
