@@ -114,8 +114,8 @@ cpdef tuple rail_shape_key(int stage, Py_ssize_t count, int dtype_code, int op_c
 
 
 cpdef tuple rewound(tuple schedules):
-    """A kept call shape's schedules (vote, [rail], folded: the engine's _rail_schedules) rewound for its next
-    call; returned."""
+    """A kept call shape's schedules (vote, [rail], folded, in_out: the engine's _rail_schedules) rewound for
+    its next call; returned."""
     cdef Schedule vote = schedules[0], rail
     vote.rewind()
     for rail in schedules[1]:
@@ -468,7 +468,7 @@ cdef class Front:
         (which makes them)."""
         cdef Schedule vote = None
         cdef list rails = None
-        cdef bint folded = False
+        cdef bint folded = False, in_out = False
         cdef long long fields[DESCRIPTOR_FIELDS]  # the descriptor (hfr/_node_call.pyx's describe)
         cdef int outcome, d = o.dtype
         cdef int64_t g = self.node_call.chunks_done
@@ -479,13 +479,13 @@ cdef class Front:
                 if error is not None:
                     raise error
                 return
-            vote, rails, folded = rewound(schedules)
+            vote, rails, folded, in_out = rewound(schedules)
         describe(fields, ALLREDUCE, o.count, d, k, 0)
-        try:  # in_out (the False below) is never a kept call shape's, nor one node's (engine._result_in_out)
+        try:
             if o.cuda:  # ordered after the caller's stream as it is now
                 self.cuda.cuda.caller, self.cuda.cuda.ready = o.stream, NULL
             outcome = self.node_call.call(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],
-                                          self.kernel_codes[k], k == AVG, vote, rails, folded, False,
+                                          self.kernel_codes[k], k == AVG, vote, rails, folded, in_out,
                                           &self.cuda.cuda if o.cuda else NULL, self.staging)
         except BaseException as error:  # Ctrl-C in a wait
             raise self.engine.front_failed(x, op, out, error, vote, rails)

@@ -409,8 +409,8 @@ cdef class NodeCall:
         p.x, p.x_nbytes = x, x_count * itemsize
         p.out, p.out_nbytes = out, out_count * itemsize
         p.total = cut_count(p.collective, x_count, out_count) * itemsize
-        p.x_at = self.rank * p.x_nbytes if p.collective == ALLGATHER else 0
-        p.out_at = self.rank * p.out_nbytes if p.collective == REDUCE_SCATTER else 0
+        p.x_at = shard_start(self.rank, p.x_nbytes) if p.collective == ALLGATHER else 0
+        p.out_at = shard_start(self.rank, p.out_nbytes) if p.collective == REDUCE_SCATTER else 0
         p.kept_lo = p.kept_hi = 0
         if p.collective == ALLGATHER and at_shard(<Py_ssize_t>x, <Py_ssize_t>out, p.x_nbytes, self.rank):
             p.kept_lo, p.kept_hi = p.x_at, p.x_at + p.x_nbytes
@@ -475,12 +475,19 @@ _CUDA_STEPS = {CUDA_CONTEXT: "making the CUDA device's context current (its even
                CUDA_PAIR_IN: "adding the GPU pair's halves (a push to the partner, the add, the copy to the host)",
                CUDA_PAIR_OUT: "passing the result's half to the GPU pair partner"}
 
-# The pair's add kernels (hfr/pairs.py compiles them), by kind * PAIR_OPS + op as pair_add takes them
-_KIND_NAMES = {F32: "f32", F64: "f64", I8: "i8", U8: "u8", I32: "i32", U32: "u32", I64: "i64", U64: "u64",
-               BF16: "bf16", FP16: "fp16"}
+# The pair's add kernels (hfr/pairs.py compiles them), by kind * PAIR_OPS + op as pair_add takes them: each
+# (name, CUDA C type, the type it is summed in, the macros that widen to it and narrow from it, the op's macro)
+_PAIR_TYPES = {F32: ("f32", "float", "float", "SAME", "SAME"), F64: ("f64", "double", "double", "SAME", "SAME"),
+               I8: ("i8", "signed char", "signed char", "SAME", "SAME"),
+               U8: ("u8", "unsigned char", "unsigned char", "SAME", "SAME"), I32: ("i32", "int", "int", "SAME", "SAME"),
+               U32: ("u32", "unsigned int", "unsigned int", "SAME", "SAME"),
+               I64: ("i64", "long long", "long long", "SAME", "SAME"),
+               U64: ("u64", "unsigned long long", "unsigned long long", "SAME", "SAME"),
+               BF16: ("bf16", "unsigned short", "float", "bf16_wide", "bf16_narrow"),
+               FP16: ("fp16", "unsigned short", "float", "fp16_wide", "fp16_narrow")}
 _OP_NAMES = {SUM: "sum", MAX: "max", MIN: "min", PROD: "prod"}
-PAIR_KERNEL_NAMES = tuple(f"hfr_pair_{_KIND_NAMES[k]}_{_OP_NAMES[o]}" for k in range(KIND_COUNT)
-                          for o in range(PAIR_OPS))
+PAIR_KERNELS = tuple((f"hfr_pair_{_PAIR_TYPES[k][0]}_{_OP_NAMES[o]}",) + _PAIR_TYPES[k][1:] + (_OP_NAMES[o].upper(),)
+                     for k in range(KIND_COUNT) for o in range(PAIR_OPS))
 
 
 cpdef Py_ssize_t cut_count(int collective, Py_ssize_t x_count, Py_ssize_t out_count) noexcept nogil:
@@ -499,10 +506,16 @@ cpdef bint same_or_apart(Py_ssize_t a, Py_ssize_t b, Py_ssize_t nbytes) noexcept
     return a == b or apart(a, nbytes, b, nbytes)
 
 
+cpdef Py_ssize_t shard_start(int rank, Py_ssize_t shard) noexcept nogil:
+    """Where rank's shard (an allgather's x, a reduce_scatter's out) of `shard` elements or bytes starts in the
+    whole array, in the same unit: rank r's is [r * shard, (r + 1) * shard)."""
+    return rank * shard
+
+
 cpdef bint at_shard(Py_ssize_t shard, Py_ssize_t whole, Py_ssize_t shard_nbytes, int rank) noexcept nogil:
     """Whether a shard (an allgather's x, a reduce_scatter's out) lies in the whole array at rank's place, as
     FSDP's all-gather passes it (in place): an allgather's shard is then not copied out."""
-    return shard == whole + rank * shard_nbytes
+    return shard == whole + shard_start(rank, shard_nbytes)
 
 
 cpdef bint reduces(int collective) noexcept nogil:

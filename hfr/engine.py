@@ -312,10 +312,10 @@ class Engine:
         if copies is not None:
             cuda, caller, staging = copies.driver, x.stream.ptr, copies.staging_address
             ready = 0 if call.ready is None else call.ready.ptr
-        vote, rails, folded = self._rails(call, g)
+        vote, rails, folded, in_out = self._rails(call, g)
         try:
             outcome = self._node_call.run(call.descriptor(), x.address, out.address, out.size, x.dtype, call.op, vote,
-                                          rails, folded, self._result_in_out(call), cuda=cuda, caller=caller,
+                                          rails, folded, in_out, cuda=cuda, caller=caller,
                                           ready=ready, staging=staging)
         except BaseException:  # Ctrl-C in a wait: the rail's receives may be posted
             self._abandon(vote, rails)
@@ -343,12 +343,12 @@ class Engine:
                 and self._algo_for(call) in _REWOUND)
 
     def _rails(self, call: Call, g: int) -> tuple:
-        """(vote, rails, folded) of a call in C from chunk g on: across nodes the call check's vote and per
-        chunk our slice's step over the rail (_rail_step; None where the slice is empty), or, folded, the vote
-        carrying the slice and no rail; (None, None, False) on one node. Kept per call shape (_kept), or
-        made for the call."""
+        """(vote, rails, folded, in_out) of a call in C from chunk g on: across nodes the call check's vote
+        and per chunk our slice's step over the rail (_rail_step; None where the slice is empty), or, folded,
+        the vote carrying the slice and no rail; in_out as _result_in_out says; (None, None, False, False) on
+        one node. Kept per call shape (_kept), or made for the call."""
         if self.layout.nnodes == 1:
-            return None, None, False
+            return None, None, False, False
         if self._kept(call):
             return self._rail_schedules(call, g % STAGES)
         self._vote.rewind()
@@ -357,7 +357,7 @@ class Engine:
         rails = []
         for first, _, lo, hi, result in self._node_call.chunks(call.elements, call.x.dtype.itemsize, in_out):
             rails.append(schedule(self._result_slice(call, result, hi - lo, in_out), first + lo) if hi > lo else None)
-        return self._vote, rails, False
+        return self._vote, rails, False, in_out
 
     def _result_slice(self, call: Call, at: int, count: int, in_out: bool) -> np.ndarray:
         """count elements of the call's dtype where NodeCall.chunks says a chunk's slice is reduced to: at
@@ -375,7 +375,7 @@ class Engine:
                     internode.broadcast_what(root))
         algo = self._algo_for(call)
         if call.collective == "allgather":  # this node's ranks' shards of out are what it holds
-            starts = [r * call.x.size for r in self.layout.node_ranks]
+            starts = [_node_call.shard_start(r, call.x.size) for r in self.layout.node_ranks]
             return (lambda buf, first: internode.allgather_schedule(self.rail_comm, buf, first, starts, call.x.size,
                                                                     algo, self.threads),
                     internode.allgather_what(algo))
@@ -402,20 +402,20 @@ class Engine:
         return rewound(schedules)
 
     def _rail_schedule(self, call: Call) -> tuple:
-        """(vote, [rail], folded) for _rail_schedules."""
-        size = call.x.dtype.itemsize
-        (_, _, lo, hi, at), = self._node_call.chunks(call.elements, size)  # one chunk
+        """(vote, [rail], folded, in_out) for _rail_schedules."""
+        size, in_out = call.x.dtype.itemsize, self._result_in_out(call)
+        (_, _, lo, hi, at), = self._node_call.chunks(call.elements, size, in_out)  # one chunk
         op = combining(call.op)
         if self._folded(call):
             vote = internode.vote_schedule(self.rail_comm, self._vote_record, hi - lo, call.x.dtype, op, self.threads)
-            return vote, [None], True
+            return vote, [None], True, in_out
         if lo == hi:
-            return self._vote, [None], False
+            return self._vote, [None], False, in_out
         if self._rail_scratch.nbytes < (hi - lo) * size:
             self._rail_scratch = np.empty((hi - lo) * size, np.uint8)  # schedules made before keep theirs
-        rail = internode.schedule(self.rail_comm, self._result_slice(call, at, hi - lo, False), lo, op,
+        rail = internode.schedule(self.rail_comm, self._result_slice(call, at, hi - lo, in_out), lo, op,
                                   self._algo_for(call), self.threads, scratch=self._rail_scratch)
-        return self._vote, [rail], False
+        return self._vote, [rail], False, in_out
 
     def _c_call_failed(self, call: Call, outcome: int, vote, rails) -> None:
         """Raise what the outcome of a call in C means (NodeCall counted the call, and its chunks where they

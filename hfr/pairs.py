@@ -56,22 +56,11 @@ extern "C" __global__ void NAME(T* acc, const T* other, unsigned long long n, in
     } \
 }
 """
-_TYPES = {"f32": ("float", "float", "SAME", "SAME"), "f64": ("double", "double", "SAME", "SAME"),
-          "i8": ("signed char", "signed char", "SAME", "SAME"), "u8": ("unsigned char", "unsigned char", "SAME", "SAME"),
-          "i32": ("int", "int", "SAME", "SAME"), "u32": ("unsigned int", "unsigned int", "SAME", "SAME"),
-          "i64": ("long long", "long long", "SAME", "SAME"),
-          "u64": ("unsigned long long", "unsigned long long", "SAME", "SAME"),
-          "bf16": ("unsigned short", "float", "bf16_wide", "bf16_narrow"),
-          "fp16": ("unsigned short", "float", "fp16_wide", "fp16_narrow")}
 
 
 def _source() -> str:
-    lines = [_SOURCE]
-    for name in _node_call.PAIR_KERNEL_NAMES:
-        _, _, kind, op = name.split("_")
-        t, w, wide, narrow = _TYPES[kind]
-        lines.append(f"ADD({name}, {t}, {w}, {wide}, {narrow}, {op.upper()})")
-    return "\n".join(lines) + "\n"
+    """The add's CUDA source, one kernel a line of _node_call.PAIR_KERNELS."""
+    return "\n".join([_SOURCE] + [f"ADD({', '.join(kernel)})" for kernel in _node_call.PAIR_KERNELS]) + "\n"
 
 
 def concurrent() -> bool:
@@ -99,6 +88,6 @@ def prepare(driver: Any, device: int, box_bytes: int, record: int, mode: str) ->
 
     with cupy.cuda.Device(device):
         module = cupy.RawModule(code=_source(), options=("--std=c++11",))
-        kernels = [module.get_function(name).kernel.ptr for name in _node_call.PAIR_KERNEL_NAMES]
+        kernels = [module.get_function(kernel[0]).kernel.ptr for kernel in _node_call.PAIR_KERNELS]
         driver.prepare_pair(box_bytes, kernels, record, mode == "on" or concurrent(), mode == "on")
     return module
