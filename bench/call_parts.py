@@ -80,15 +80,15 @@ def _node_protocol(engine, x: np.ndarray) -> Callable[[], object]:
     call = engine.front_call(x, Op.SUM, None)
     descriptor = call.descriptor()
     # across nodes the call shape's schedules of each stage (the engine's), rewound before each call
-    schedules = [engine._rail_schedules(call, stage) if engine.layout.nnodes > 1 else (None, None, False)
+    schedules = [engine._rail_schedules(call, stage) if engine.layout.nnodes > 1 else (None, None, False, False)
                  for stage in range(STAGES)]
 
     def run() -> None:
-        vote, rails, folded = schedules[node_call.chunks_done % STAGES]
+        vote, rails, folded, in_out = schedules[node_call.chunks_done % STAGES]
         for schedule in (vote, *(rails or ())):
             if schedule is not None:
                 schedule.rewind()
-        if node_call.run(descriptor, address, address, x.size, x.dtype, Op.SUM, vote, rails, folded):
+        if node_call.run(descriptor, address, address, x.size, x.dtype, Op.SUM, vote, rails, folded, in_out):
             raise RuntimeError("the node's protocol did not end DONE")
 
     return run
