@@ -34,8 +34,9 @@ cimport numpy as cnp
 
 from hfr._cuda cimport Device
 from hfr._internode cimport Schedule
-from hfr._kernels cimport Kind, kernel_kind
+from hfr._kernels cimport Kind, kernel_kind, on_caller_team
 from hfr._kernels cimport op_code as kernel_op_code
+from hfr._kernels import take_caller_team
 from hfr._node_call cimport ALLREDUCE, DESCRIPTOR_FIELDS, DONE, STAGES, NodeCall, describe, same_or_apart
 from hfr._wait cimport HFR_SIGNAL_CHECK_S, PyErr_CheckSignals, forget_cancel, hfr_nap, hfr_now, raise_pending
 
@@ -150,8 +151,11 @@ cdef class Front:
     cdef int cuda_device
     cdef char* staging
     # torch tensors, once torch is imported: torch.Tensor, its DLPack exchange API (NULL where torch has none),
-    # each wire code's DLPack dtype and torch dtype, and what inspect (hfr/arrays.py) asks of a tensor it writes
+    # each wire code's DLPack dtype and torch dtype, and what inspect (hfr/arrays.py) asks of a tensor it writes;
+    # whether a CPU tensor's call runs its kernels on the caller's OpenMP team (hfr/_kernels.pyx): torch's
+    # parallel ops run on OpenMP, and its runtime runs teams for us
     cdef object tensor_type, dlpack_capsule, grad_enabled, increment_version
+    cdef bint caller_team
     cdef DLPackExchangeAPI* dlpack
     cdef DLDataType tensor_dtypes[MAX_DTYPES]
     cdef list tensor_torch_dtypes
@@ -362,6 +366,8 @@ cdef class Front:
                 return False
             self.grad_enabled, self.increment_version = torch.is_grad_enabled, torch._C._increment_version
             self._take_dlpack(torch)
+            self.caller_team = ("ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
+                                and take_caller_team())
             self.tensor_type = torch.Tensor
         return type(x) is self.tensor_type
 
@@ -481,14 +487,18 @@ cdef class Front:
                 return
             vote, rails, folded, in_out = rewound(schedules)
         describe(fields, ALLREDUCE, o.count, d, k, 0)
+        cdef bint team = o.tensor and not o.cuda and self.caller_team
         try:
             if o.cuda:  # ordered after the caller's stream as it is now
                 self.cuda.cuda.caller, self.cuda.cuda.ready = o.stream, NULL
+            on_caller_team(team)
             outcome = self.node_call.call(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],
                                           self.kernel_codes[k], k == AVG, vote, rails, folded, in_out,
                                           &self.cuda.cuda if o.cuda else NULL, self.staging)
         except BaseException as error:  # Ctrl-C in a wait
             raise self.engine.front_failed(x, op, out, error, vote, rails)
+        finally:
+            on_caller_team(False)
         if outcome != DONE:
             raise self.engine.front_failed(x, op, out, outcome, vote, rails)
 

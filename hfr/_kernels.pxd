@@ -13,3 +13,4 @@ cdef Kind kernel_kind(object dtype, int code) except *
 cdef int reduce_nogil(Kind kind, Py_ssize_t itemsize, void* out, void** xs, int k, Py_ssize_t n, int code,
                       int threads, Py_ssize_t divisor, Stores stores) noexcept nogil
 cdef int copy_nogil(void* dst, void* src, Py_ssize_t nbytes, int threads, Stores stores) noexcept nogil
+cdef void on_caller_team(bint asked) noexcept nogil

@@ -8,6 +8,11 @@ Terms:
   process that imports torch first shares with any extension linked to libgomp; its threads then spin
   ~10 ms after each call whatever hfr asks, and ranks sharing a host starve each other: a DDP step
   went from 9.5 to 37 ms.)
+- the caller's team: the OpenMP threads of torch's runtime that serve the calling thread's parallel
+  regions. After torch's ops on CPU tensors they spin for the next region, and a pool of hfr's own
+  fights them for the cores (DeepSpeed's reduce runs on them: bench/RESULTS.md). A thread that asks for
+  it (on_caller_team) runs its parts on that team instead, where torch's runtime is the process's
+  (take_caller_team).
 - level: the SIMD instructions one block's tile loops (hfr/_tiles.pxi) are built for. setup.py builds
   them once per level (hfr/_simd_<level>.pyx); at import this module takes the best level the CPU runs,
   so one build runs on any CPU of its architecture at the speed of its best instructions. simd() says
@@ -154,6 +159,44 @@ cdef extern from *:
         return NULL;
     }
 
+    /* The caller's team (the module's docstring): GOMP_parallel(fn, data, 0, 0) runs fn(data) on the calling
+       thread and the rest of its team, as `#pragma omp parallel` compiles to; the team's threads claim parts
+       from a counter until none is left. The team is always whole, as torch's large ops run it: libgomp
+       ends the threads a smaller team leaves out, and torch's next op starts them again (bench/RESULTS.md).
+       Resolved by hfr_team_take, asked for per thread. */
+    #include <dlfcn.h>
+    typedef void (*hfr_omp_parallel_fn)(void (*fn)(void *), void *data, unsigned threads, unsigned flags);
+    static hfr_omp_parallel_fn hfr_omp_parallel;
+    static __thread int hfr_team_asked;  /* the calling thread runs its jobs on its team */
+
+    struct hfr_team_job { hfr_part_fn fn; void *job; int parts, claimed, failed; };
+
+    static void hfr_team_work(void *data) {
+        struct hfr_team_job *t = data;
+        int part;
+        while ((part = __atomic_fetch_add(&t->claimed, 1, __ATOMIC_RELAXED)) < t->parts) {
+            int failed = t->fn(t->job, part);
+            if (failed)
+                __atomic_fetch_add(&t->failed, failed, __ATOMIC_RELAXED);
+        }
+    }
+
+    static int hfr_team_run(hfr_part_fn fn, void *job, int parts) {
+        struct hfr_team_job t = {fn, job, parts, 0, 0};
+        hfr_omp_parallel(hfr_team_work, &t, 0, 0);  /* 0: the team's size (OMP_NUM_THREADS, set_num_threads) */
+        return t.failed;  /* the region's end is a barrier: every part has run */
+    }
+
+    /* Whether the process's OpenMP runtime (the first global one) can run teams: resolve it. */
+    static int hfr_team_take(void) {
+        hfr_omp_parallel = (hfr_omp_parallel_fn)dlsym(RTLD_DEFAULT, "GOMP_parallel");
+        return hfr_omp_parallel != NULL;
+    }
+
+    static void hfr_team_ask(int asked) {
+        hfr_team_asked = asked && hfr_omp_parallel != NULL;
+    }
+
     /* A forked child has none of the threads, and the locks may be held by threads it lacks. */
     static void hfr_pool_after_fork(void) {
         pthread_mutex_init(&hfr_pool.lock, NULL);
@@ -170,6 +213,8 @@ cdef extern from *:
     static int hfr_pool_run(hfr_part_fn fn, void *job, int parts) {  /* parts <= HFR_POOL_MAX_PARTS */
         unsigned long long number;
         int failed, i;
+        if (hfr_team_asked)
+            return hfr_team_run(fn, job, parts);
         pthread_mutex_lock(&hfr_pool.owner);
         number = ((hfr_pool_claims() >> 32) + 1) & 0xffffffffu;
         while (hfr_pool.threads < parts - 1) {
@@ -205,11 +250,24 @@ cdef extern from *:
     int hfr_pool_init() noexcept nogil
     int hfr_pool_run(hfr_part_fn fn, void* job, int parts) noexcept nogil
     const int HFR_POOL_MAX_PARTS
+    int hfr_team_take() noexcept nogil
+    void hfr_team_ask(int asked) noexcept nogil
 
 if hfr_pool_init() != 0:
     raise ImportError("hfr._kernels: pthread_atfork failed (out of memory)")
 
-__all__ = ["reduce", "parallel_copy", "data_address", "simd", "simd_levels", "use_simd"]
+__all__ = ["reduce", "parallel_copy", "data_address", "simd", "simd_levels", "use_simd", "take_caller_team"]
+
+
+def take_caller_team() -> bool:
+    """Whether threads can run their kernels on their OpenMP team (on_caller_team): the process's global
+    OpenMP runtime runs teams. Call once torch, whose runtime it is to be, is imported."""
+    return hfr_team_take() != 0
+
+
+cdef void on_caller_team(bint asked) noexcept nogil:
+    """Run the calling thread's kernels on its OpenMP team (where take_caller_team found one), or on hfr's pool."""
+    hfr_team_ask(asked)
 
 cdef enum:
     STREAM_MIN_BYTES = 1 << 20  # STORES_BY_SIZE: a smaller out is likely read again soon: leave it in the cache

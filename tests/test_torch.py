@@ -25,6 +25,12 @@ def test_tensors_bitwise_equal_to_numpy(device):
     assert "torch tensors ok" in run_mpi(2, "torch_worker.py", "tensors", device, timeout=120).stdout
 
 
+def test_cpu_tensor_kernels_run_on_torchs_openmp_team():
+    """Blocking calls on CPU tensors run their kernels on the caller's OpenMP team: no pool thread of hfr's."""
+    out = run_mpi(2, "torch_worker.py", "team", "cpu", env={"HFR_NUM_THREADS": "2"}, timeout=120).stdout
+    assert "torch team ok" in out
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_ddp_hooks_match_gloo(device):
     """fp32/bf16/fp16 models, odd buckets, gradient_as_bucket_view: the same parameters as gloo's."""

@@ -9,10 +9,14 @@
                                     Works, what hfr does not do reaches gloo, bad tensors refused untouched
     torch_worker.py training DEVICE the backend "hfr": DDP without a hook and FSDP2 give the parameters of
                                     the same training on a gloo group (fp32, within 1e-5)
+    torch_worker.py team cpu        with HFR_NUM_THREADS > 1: blocking calls on large CPU tensors run their
+                                    kernels on torch's OpenMP team (no hfr-kernels thread starts) and give
+                                    the NumPy path's bits; a NumPy call then starts hfr's pool
 
 Prints "torch <mode> ok" on rank 0; any failure raises, and mpi4py's runner aborts the job.
 """
 import collections
+import os
 import sys
 from pathlib import Path
 
@@ -64,6 +68,26 @@ def check_tensors(device: torch.device) -> None:
             work = hfr.allreduce_async(to_tensor(a, device), op)
             assert bits(work.wait()) == bits(want), f"allreduce_async {torch_dtype} {op}"
     check_refused(device)
+
+
+def thread_names() -> list[str]:
+    return [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task")]
+
+
+def check_team(device: torch.device) -> None:
+    cases = []
+    for torch_dtype, np_dtype in DTYPES.items():
+        for op in ("sum", "max", "prod"):
+            rng = np.random.default_rng([11, rank])
+            a = (rng.standard_normal(1_048_583) * 4).astype(np_dtype)  # a prime: blocks of odd ends
+            t = to_tensor(a, device)
+            t.add_(0)  # torch's own parallel op first: its team is up, as after a backward pass
+            assert hfr.allreduce(t, op) is t
+            cases.append((f"{torch_dtype} {op}", a, op, t))
+    assert "hfr-kernels" not in thread_names(), "hfr's pool ran a tensor's kernels"
+    for name, a, op, t in cases:
+        assert bits(t) == bits(hfr.allreduce(a, op)), f"{name}: the team's result differs from the NumPy path's"
+    assert "hfr-kernels" in thread_names(), "NumPy calls run on hfr's pool"
 
 
 def check_refused(device: torch.device) -> None:
@@ -265,7 +289,8 @@ def main() -> None:
     if device.type == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    {"tensors": check_tensors, "ddp": check_ddp, "backend": check_backend, "training": check_training}[mode](device)
+    {"tensors": check_tensors, "ddp": check_ddp, "backend": check_backend, "training": check_training,
+     "team": check_team}[mode](device)
     world.Barrier()
     if rank == 0:
         print(f"torch {mode} ok")
