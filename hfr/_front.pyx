@@ -310,8 +310,10 @@ cdef class Front:
             held = True
             if self.broken is not None:  # a call queued before ours failed
                 raise self.refusal()
+            on_caller_team(o.tensor and not o.cuda and self.caller_team)  # in C here, or by the engine's Python
             self._run_held(x, op, out, &o, k)
         finally:
+            on_caller_team(False)
             if held:
                 self.release()
             self.leave()
@@ -487,18 +489,14 @@ cdef class Front:
                 return
             vote, rails, folded, in_out = rewound(schedules)
         describe(fields, ALLREDUCE, o.count, d, k, 0)
-        cdef bint team = o.tensor and not o.cuda and self.caller_team
         try:
             if o.cuda:  # ordered after the caller's stream as it is now
                 self.cuda.cuda.caller, self.cuda.cuda.ready = o.stream, NULL
-            on_caller_team(team)
             outcome = self.node_call.call(fields, o.x, o.out, o.count, self.itemsizes[d], self.kinds[d][k],
                                           self.kernel_codes[k], k == AVG, vote, rails, folded, in_out,
                                           &self.cuda.cuda if o.cuda else NULL, self.staging)
         except BaseException as error:  # Ctrl-C in a wait
             raise self.engine.front_failed(x, op, out, error, vote, rails)
-        finally:
-            on_caller_team(False)
         if outcome != DONE:
             raise self.engine.front_failed(x, op, out, outcome, vote, rails)
 
