@@ -182,8 +182,9 @@ elif scenario == "timeout":
     else:
         if collective in ("rail", "vote"):
             schedules = comm._engine._rail_schedules
-            comm._engine._rail_schedules = lambda call, stage: (
-                (schedules(call, stage)[0], [None], False, False) if collective == "rail" else (None, None, False, False))
+            comm._engine._rail_schedules = lambda call, stage: (  # (vote, rails, folded, in_out)
+                (schedules(call, stage)[0], [None], False, False) if collective == "rail"
+                else (None, None, False, False))
             calls[collective]()
         time.sleep(comm.timeout + 6)
     os._exit(0)  # the peers' MPI state is unknown after a fault: leave without MPI_Finalize
