@@ -163,10 +163,13 @@ cdef extern from *:
        thread and the rest of its team, as `#pragma omp parallel` compiles to; the team's threads claim parts
        from a counter until none is left. The team is always whole, as torch's large ops run it: libgomp
        ends the threads a smaller team leaves out, and torch's next op starts them again (bench/RESULTS.md).
-       Resolved by hfr_team_take, asked for per thread. */
+       A team smaller than the job's parts leaves it to the pool: a call would run on fewer threads than hfr's
+       own (OMP_NUM_THREADS=1, as MPI jobs often set, makes no team at all), and the team has fewer threads to
+       spin against it. Resolved by hfr_team_take, asked for per thread. */
     #include <dlfcn.h>
     typedef void (*hfr_omp_parallel_fn)(void (*fn)(void *), void *data, unsigned threads, unsigned flags);
     static hfr_omp_parallel_fn hfr_omp_parallel;
+    static int (*hfr_omp_team_size)(void);  /* omp_get_max_threads: the size of the caller's next team */
     static __thread int hfr_team_asked;  /* the calling thread runs its jobs on its team */
 
     struct hfr_team_job { hfr_part_fn fn; void *job; int parts, claimed, failed; };
@@ -189,7 +192,8 @@ cdef extern from *:
 
     /* Whether the process's OpenMP runtime (the first global one) can run teams: resolve it. */
     static int hfr_team_take(void) {
-        hfr_omp_parallel = (hfr_omp_parallel_fn)dlsym(RTLD_DEFAULT, "GOMP_parallel");
+        hfr_omp_team_size = (int (*)(void))dlsym(RTLD_DEFAULT, "omp_get_max_threads");
+        hfr_omp_parallel = hfr_omp_team_size ? (hfr_omp_parallel_fn)dlsym(RTLD_DEFAULT, "GOMP_parallel") : NULL;
         return hfr_omp_parallel != NULL;
     }
 
@@ -213,7 +217,7 @@ cdef extern from *:
     static int hfr_pool_run(hfr_part_fn fn, void *job, int parts) {  /* parts <= HFR_POOL_MAX_PARTS */
         unsigned long long number;
         int failed, i;
-        if (hfr_team_asked)
+        if (hfr_team_asked && hfr_omp_team_size() >= parts)
             return hfr_team_run(fn, job, parts);
         pthread_mutex_lock(&hfr_pool.owner);
         number = ((hfr_pool_claims() >> 32) + 1) & 0xffffffffu;
