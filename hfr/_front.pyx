@@ -305,15 +305,18 @@ cdef class Front:
                 self.leave()
                 raise
         cdef bint held = False
+        cdef bint team = o.tensor and not o.cuda and self.caller_team  # in C here, or by the engine's Python
         try:
             self.hold()
             held = True
             if self.broken is not None:  # a call queued before ours failed
                 raise self.refusal()
-            on_caller_team(o.tensor and not o.cuda and self.caller_team)  # in C here, or by the engine's Python
+            if team:
+                on_caller_team(True)
             self._run_held(x, op, out, &o, k)
         finally:
-            on_caller_team(False)
+            if team:
+                on_caller_team(False)
             if held:
                 self.release()
             self.leave()
