@@ -12,7 +12,7 @@ Terms:
   regions. After torch's ops on CPU tensors they spin for the next region, and a pool of hfr's own
   fights them for the cores (DeepSpeed's reduce runs on them: bench/RESULTS.md). A thread that asks for
   it (on_caller_team) runs its parts on that team instead, where torch's runtime is the process's
-  (take_caller_team).
+  (take_caller_team) and the team has a thread for each part.
 - level: the SIMD instructions one block's tile loops (hfr/_tiles.pxi) are built for. setup.py builds
   them once per level (hfr/_simd_<level>.pyx); at import this module takes the best level the CPU runs,
   so one build runs on any CPU of its architecture at the speed of its best instructions. simd() says
