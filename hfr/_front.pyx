@@ -43,6 +43,15 @@ from hfr._wait cimport HFR_SIGNAL_CHECK_S, PyErr_CheckSignals, forget_cancel, hf
 cdef extern from "pythread.h":
     PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds, int intr_flag) nogil
 
+cdef extern from *:
+    """
+    /* Whether torch has sized this thread's OpenMP team: libgomp keeps a thread count per thread, and torch
+       sets it from its own (torch.set_num_threads, OMP_NUM_THREADS) at a thread's first parallel op, or at its
+       first torch.get_num_threads(). */
+    static __thread int hfr_team_sized;
+    """
+    int hfr_team_sized
+
 from hfr.arrays import torch_dtypes
 from hfr.errors import HFRError
 from hfr.ops import DTYPE_CODES, DTYPES, Op, combining, is_float
@@ -153,8 +162,9 @@ cdef class Front:
     # torch tensors, once torch is imported: torch.Tensor, its DLPack exchange API (NULL where torch has none),
     # each wire code's DLPack dtype and torch dtype, and what inspect (hfr/arrays.py) asks of a tensor it writes;
     # whether a CPU tensor's call runs its kernels on the caller's OpenMP team (hfr/_kernels.pyx): torch's
-    # parallel ops run on OpenMP, and its runtime runs teams for us
-    cdef object tensor_type, dlpack_capsule, grad_enabled, increment_version
+    # parallel ops run on OpenMP, and its runtime runs teams for us; torch.get_num_threads, which sizes the
+    # calling thread's team as torch's own ops would
+    cdef object tensor_type, dlpack_capsule, grad_enabled, increment_version, torch_threads
     cdef bint caller_team
     cdef DLPackExchangeAPI* dlpack
     cdef DLDataType tensor_dtypes[MAX_DTYPES]
@@ -280,6 +290,7 @@ cdef class Front:
     def allreduce(self, x, op, out):
         """comm.allreduce(x, op, out), run here: its result, or None where the
         engine's Python takes the call (the module's docstring says when)."""
+        global hfr_team_sized
         cdef Operands o
         if type(x) is cnp.ndarray:
             if not self._host_operands(x, out, &o):
@@ -312,6 +323,9 @@ cdef class Front:
             if self.broken is not None:  # a call queued before ours failed
                 raise self.refusal()
             if team:
+                if not hfr_team_sized:  # once a thread: before its first parallel op torch has not sized it
+                    self.torch_threads()
+                    hfr_team_sized = 1
                 on_caller_team(True)
             self._run_held(x, op, out, &o, k)
         finally:
@@ -373,6 +387,7 @@ cdef class Front:
             self._take_dlpack(torch)
             self.caller_team = ("ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
                                 and take_caller_team())
+            self.torch_threads = torch.get_num_threads
             self.tensor_type = torch.Tensor
         return type(x) is self.tensor_type
 

@@ -486,8 +486,8 @@ _PAIR_TYPES = {F32: ("f32", "float", "float", "SAME", "SAME"), F64: ("f64", "dou
                BF16: ("bf16", "unsigned short", "float", "bf16_wide", "bf16_narrow"),
                FP16: ("fp16", "unsigned short", "float", "fp16_wide", "fp16_narrow")}
 _OP_NAMES = {SUM: "sum", MAX: "max", MIN: "min", PROD: "prod"}
-PAIR_KERNELS = tuple((f"hfr_pair_{_PAIR_TYPES[k][0]}_{_OP_NAMES[o]}",) + _PAIR_TYPES[k][1:] + (_OP_NAMES[o].upper(),)
-                     for k in range(KIND_COUNT) for o in range(PAIR_OPS))
+PAIR_ADDS = tuple((f"hfr_pair_{_PAIR_TYPES[k][0]}_{_OP_NAMES[o]}",) + _PAIR_TYPES[k][1:] + (_OP_NAMES[o].upper(),)
+                  for k in range(KIND_COUNT) for o in range(PAIR_OPS))
 
 
 cpdef Py_ssize_t cut_count(int collective, Py_ssize_t x_count, Py_ssize_t out_count) noexcept nogil:

@@ -59,8 +59,8 @@ extern "C" __global__ void NAME(T* acc, const T* other, unsigned long long n, in
 
 
 def _source() -> str:
-    """The add's CUDA source, one kernel a line of _node_call.PAIR_KERNELS."""
-    return "\n".join([_SOURCE] + [f"ADD({', '.join(kernel)})" for kernel in _node_call.PAIR_KERNELS]) + "\n"
+    """The add's CUDA source, one kernel a line of _node_call.PAIR_ADDS."""
+    return "\n".join([_SOURCE] + [f"ADD({', '.join(kernel)})" for kernel in _node_call.PAIR_ADDS]) + "\n"
 
 
 def concurrent() -> bool:
@@ -88,6 +88,6 @@ def prepare(driver: Any, device: int, box_bytes: int, record: int, mode: str) ->
 
     with cupy.cuda.Device(device):
         module = cupy.RawModule(code=_source(), options=("--std=c++11",))
-        kernels = [module.get_function(kernel[0]).kernel.ptr for kernel in _node_call.PAIR_KERNELS]
+        kernels = [module.get_function(kernel[0]).kernel.ptr for kernel in _node_call.PAIR_ADDS]
         driver.prepare_pair(box_bytes, kernels, record, mode == "on" or concurrent(), mode == "on")
     return module

@@ -25,12 +25,14 @@ def test_tensors_bitwise_equal_to_numpy(device):
     assert "torch tensors ok" in run_mpi(2, "torch_worker.py", "tensors", device, timeout=120).stdout
 
 
-@pytest.mark.parametrize("nprocs, local_size, omp_threads", [(2, None, "2"), (4, "2", "2"), (2, None, "1")],
-                         ids=["1x2", "2x2", "1x2-team-of-1"])
+@pytest.mark.parametrize("nprocs, local_size, omp_threads", [(2, None, "2"), (4, "2", "2"), (2, None, "4"),
+                                                             (2, None, "1")],
+                         ids=["1x2", "2x2", "1x2-team-of-4", "1x2-team-of-1"])
 def test_cpu_tensor_kernels_run_on_torchs_openmp_team(nprocs, local_size, omp_threads):
     """Blocking calls on CPU tensors run their kernels on the caller's OpenMP team, on one node and across nodes
-    (calls of several chunks, which the engine's Python runs): no pool thread of hfr's; with a team of fewer
-    threads than hfr's, on hfr's pool. (With one rank a node no call of these starts the pool.)"""
+    (calls of several chunks, which the engine's Python runs): no pool thread of hfr's, no thread of the team
+    ended by a smaller one, and a new thread's team of torch's size; with a team of fewer threads than hfr's, on
+    hfr's pool. (With one rank a node no call of these starts the pool.)"""
     env = {"HFR_NUM_THREADS": "2", "HFR_CHUNK_BYTES": "1M", "OMP_NUM_THREADS": omp_threads,
            **({"HFR_LOCAL_SIZE": local_size} if local_size else {})}
     assert "torch team ok" in run_mpi(nprocs, "torch_worker.py", "team", "cpu", env=env, timeout=180).stdout

@@ -9,16 +9,18 @@
                                     Works, what hfr does not do reaches gloo, bad tensors refused untouched
     torch_worker.py training DEVICE the backend "hfr": DDP without a hook and FSDP2 give the parameters of
                                     the same training on a gloo group (fp32, within 1e-5)
-    torch_worker.py team cpu        with HFR_NUM_THREADS > 1: blocking calls on large CPU tensors run their
-                                    kernels on torch's OpenMP team where it has that many threads (no
-                                    hfr-kernels thread starts), else on hfr's pool, and give the NumPy path's
-                                    bits; a NumPy call then starts hfr's pool
+    torch_worker.py team cpu        with HFR_NUM_THREADS > 1 and torch's threads OMP_NUM_THREADS: blocking calls
+                                    on large CPU tensors run their kernels on torch's OpenMP team where it has
+                                    that many threads (no hfr-kernels thread starts, no thread of the team
+                                    ends, a new thread's team has torch's size), else on hfr's pool, and give
+                                    the NumPy path's bits; a NumPy call then starts hfr's pool
 
 Prints "torch <mode> ok" on rank 0; any failure raises, and mpi4py's runner aborts the job.
 """
 import collections
 import os
 import sys
+import threading
 from pathlib import Path
 
 import ml_dtypes
@@ -71,25 +73,55 @@ def check_tensors(device: torch.device) -> None:
     check_refused(device)
 
 
-def thread_names() -> list[str]:
-    return [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task")]
+def threads() -> dict[int, str]:
+    """This process's threads: id -> OS-level name (a thread that ends meanwhile left out)."""
+    found = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            found[int(task)] = Path(f"/proc/self/task/{task}/comm").read_text().strip()
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def threads_of_a_new_thread(t: torch.Tensor) -> int:
+    """The threads a blocking call on t from a new thread, which has run no torch op, runs its kernels on."""
+    before, started = set(threads()), []
+
+    def call() -> None:
+        hfr.allreduce(t)
+        started.extend(set(threads()) - before - {threading.get_native_id()})
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    caller.join()
+    return 1 + len(started)
 
 
 def check_team(device: torch.device) -> None:
-    team = torch.get_num_threads() >= int(os.environ["HFR_NUM_THREADS"])  # as many threads as a call has parts
-    cases = []
+    hfr_threads = int(os.environ["HFR_NUM_THREADS"])
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # torch caps the variable at the host's cores
+    # torch's team takes a call of as many parts as hfr's threads (torch's parallel backend OpenMP)
+    team = ("ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
+            and torch.get_num_threads() >= hfr_threads)
+    cases, first_team = [], None
     for torch_dtype, np_dtype in DTYPES.items():
         for op in ("sum", "max", "prod"):
             rng = np.random.default_rng([11, rank])
             a = (rng.standard_normal(1_048_583) * 4).astype(np_dtype)  # a prime: blocks of odd ends
             t = to_tensor(a, device)
             t.add_(0)  # torch's own parallel op first: its team is up, as after a backward pass
+            first_team = first_team or set(threads())
             assert hfr.allreduce(t, op) is t
             cases.append((f"{torch_dtype} {op}", a, op, t))
-    assert ("hfr-kernels" in thread_names()) != team, f"torch's team {'un' if team else ''}used"
+    assert ("hfr-kernels" in threads().values()) != team, f"torch's team {'un' if team else ''}used"
+    if team:  # the whole team ran each call: no thread of it ended for torch's next op to start again
+        assert first_team <= set(threads()), "threads of torch's team ended between calls"
+        torch.set_num_threads(hfr_threads)
+        assert threads_of_a_new_thread(torch.ones(1 << 20)) == hfr_threads, "a new thread's team is not torch's size"
     for name, a, op, t in cases:
         assert bits(t) == bits(hfr.allreduce(a, op)), f"{name}: the team's result differs from the NumPy path's"
-    assert "hfr-kernels" in thread_names(), "NumPy calls run on hfr's pool"
+    assert "hfr-kernels" in threads().values(), "NumPy calls run on hfr's pool"
 
 
 def check_refused(device: torch.device) -> None:
