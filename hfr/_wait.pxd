@@ -1,8 +1,8 @@
 # Waiting in C with the GIL released, shared by hfr/_node_call.pyx, hfr/_internode.pyx, hfr/_front.pyx and
-# hfr/_kernels.pyx: a monotonic clock in seconds (time.monotonic()'s, so Python deadlines compare with it), a nap, sched_yield, what
-# every wait does between looks (hfr_idle), the read of a word another process publishes (hfr_load_acquire: the
-# stores before its release are seen after it), a look at pending signals (Ctrl-C) and at a cancelled call
-# (hfr/_wait.pyx), and the one loop every wait of a call runs (wait_for).
+# hfr/_kernels.pyx: a monotonic clock in seconds (time.monotonic()'s, so Python deadlines compare with it), a nap,
+# sched_yield, what every wait does between looks (hfr_idle), the read of a word another process publishes
+# (hfr_load_acquire: the stores before its release are seen after it), a look at pending signals (Ctrl-C) and at a
+# cancelled call (hfr/_wait.pyx), and the one loop every wait of a call runs (wait_for).
 # A call's waits run here: a wait in Python (hfr/_wait.pyx's until, for the few outside a call's steps) takes the
 # GIL back after every look, and a thread waiting for the GIL (the caller's training loop, torch's autograd thread)
 # then waits out the 5 ms switch interval each time.
