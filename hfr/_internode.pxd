@@ -19,6 +19,7 @@ cpdef enum Tag:  # every MPI tag hfr sends on a rail, each once: all below MPI's
     DOUBLING_TAG = 0x484B  # recursive doubling and halving
     VOTE_TAG = 0x484C  # the call check's vote
     ABSENT_TAG = 0x484D  # a timed-out rank's report of whom it waited for (hfr/internode.py's report_absent)
+    RELAY_TAG = 0x484E  # the allgather's relay
 
 cdef enum:
     VOTE_WORDS = 11  # a vote record's int64 votes, before its data (hfr/_internode.pyx, "vote records")
@@ -55,8 +56,6 @@ ctypedef struct Call:  # what every step of one call's schedule shares
     uintptr_t comm
     uintptr_t byte  # MPI_BYTE
     int error  # the first failing MPI call's error code, NO_MEMORY, INTERRUPTED, or 0
-    Py_ssize_t* unheld  # byte ranges [unheld[2i], unheld[2i + 1]) of buf zeroed as polling starts, once
-    Py_ssize_t nunheld
     const long long* watch  # NULL, or the CLOSING words of our node's ranks (hfr/_node_call.pyx sets them), one
     Py_ssize_t watch_stride  # every watch_stride words, watch_rows of them: one that reads watch_broken stops
     int watch_rows  # the schedule (its node can no longer finish the call)

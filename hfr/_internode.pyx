@@ -1,6 +1,7 @@
 """The inter-node algorithms that run in C with the GIL released: dbtree's block pipeline
 (TreePipeline), recursive doubling, alone or after recursive halving (Doubling), the ring over
-fixed granules (Ring), and MPI's own collectives, polled (Collective: mpi and gather).
+fixed granules (Ring), the allgather's relay around the rail (Relay), and MPI's own collectives, polled
+(Collective: mpi and gather).
 hfr/internode.py checks arguments and chooses; this moves the bytes.
 
 dbtree. Terms as in hfr/internode.py: a *slice* buf holds global elements first .., each tree carries the
@@ -43,6 +44,14 @@ hfr/internode.py defines them; each step posts one message per granule of the se
 of the one it receives from the left, and a reduce-scatter step combines (ours op theirs) once all have
 arrived. Steps follow one another (the next step's segment is this step's result).
 
+relay (an allgather): the slice's bytes are cut into *blocks*, each held by one rail rank; each block goes
+around the rail from its holder, rank to right-hand rank, until the holder's left neighbour has it. Every
+rank posts the receives of the blocks it lacks at once, into their places in buf, and sends a block on
+as soon as it holds it, in one order both ends compute: the blocks it holds first, then those held one
+rank further left, and so on, each holder's in buf's order. Each link carries every block but those its
+right-hand rank holds, once: the slice x (n-1)/n where every rank holds as much, as a ring allgather;
+a slice one rank holds flows down the chain pipelined in blocks.
+
 mpi and gather (hfr/internode.py says what they give): one nonblocking collective of MPI's, posted on
 the first poll and tested after: MPI_Iallreduce in place, MPI_Ireduce (in place at the root), or, for
 gather, MPI_Iallgather of the slice's bytes into scratch, whose n rows are then combined into buf in rail
@@ -56,7 +65,7 @@ serves every ABI mpi4py does, without MPI's headers at build time. Statuses are 
 """
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
 
 cimport numpy as cnp
 from hfr._kernels cimport STORES_BY_SIZE, Kind, kernel_kind, op_code, reduce_nogil
@@ -70,14 +79,14 @@ from mpi4py import MPI
 
 cnp.import_array()
 
-__all__ = ["TreePipeline", "Doubling", "Ring", "Collective", "CollectiveKind", "ring_scratch_elements",
+__all__ = ["TreePipeline", "Doubling", "Ring", "Relay", "Collective", "CollectiveKind", "ring_scratch_elements",
            "tree_scratch_bytes", "BLOCKS_IN_FLIGHT", "VOTE_RECORD_WORDS", "Tag"]
 
 cdef enum:
     IN_FLIGHT = 4  # blocks per tree between two stages (with 1 MiB blocks 4 and 8 measured alike)
     MAX_CHILDREN = 2
     STATUS_WORDS = 8  # room for any ABI's MPI_Status (20 to 32 bytes)
-    PART_BYTES = 1 << 30  # doubling's messages: a step's slice goes in parts of at most this (int counts)
+    PART_BYTES = 1 << 30  # the most bytes a message of doubling's or relay's carries (int counts)
 
 ctypedef int (*isend_fn)(const void* buf, int count, uintptr_t datatype, int dest, int tag, uintptr_t comm,
                          Request* request) noexcept nogil
@@ -300,10 +309,6 @@ cdef bint poll(advance_fn advance, void* state, Call* c, double deadline) noexce
     """Advance until done (True), an MPI call fails (c.error), a signal handler raises (c.error
     INTERRUPTED), a peer is gone (_rail_gone's c.error) or deadline passes (False): a wait (wait_for)."""
     cdef Polled p
-    cdef Py_ssize_t i
-    for i in range(c.nunheld):
-        memset(c.buf + c.unheld[2 * i], 0, c.unheld[2 * i + 1] - c.unheld[2 * i])
-    c.nunheld = 0
     p.advance, p.state, p.c, p.done = advance, state, c, False
     if wait_for(_advanced, _rail_gone, &p, deadline, True) == WAIT_SIGNALLED:
         c.error = INTERRUPTED
@@ -344,19 +349,7 @@ cdef class Schedule:
         self.call.comm = MPI._handleof(comm)
         self.call.byte = MPI._handleof(MPI.BYTE)
         self.call.error = 0
-        self.call.unheld, self.call.nunheld = NULL, 0
         self.call.watch = NULL
-
-    def zero_unheld(self, cnp.ndarray ranges not None) -> None:
-        """Zero buf's bytes [a, b) for each row (a, b) of ranges (int64) as polling starts: what this rank
-        does not hold of an allgather run as a sum of bytes (internode.allgather_schedule)."""
-        rows = <object>ranges
-        if rows.dtype != np.int64 or rows.ndim != 2 or rows.shape[1] != 2 or not rows.flags.c_contiguous:
-            raise ValueError(f"ranges must be C-contiguous int64 rows (a, b), got {rows.dtype} {rows.shape}")
-        if rows.size and (rows.min() < 0 or rows.max() > self.buffers[0].nbytes or (rows[:, 0] > rows[:, 1]).any()):
-            raise ValueError(f"ranges {rows.tolist()} are not ranges of buf's {self.buffers[0].nbytes} bytes")
-        self.buffers += (ranges,)
-        self.call.unheld, self.call.nunheld = <Py_ssize_t*>cnp.PyArray_DATA(ranges), rows.shape[0]
 
     def awaited(self) -> list:
         """The rail ranks the step under way waits on, where the schedule says (Doubling does)."""
@@ -868,6 +861,131 @@ cdef class Ring(Schedule):
         if r.posted:
             for i in range(r.nrecvs):
                 self._cancel(&r.requests[r.room + i])
+
+
+# ---- relay -----------------------------------------------------------------------------------------------
+
+ctypedef struct RelayState:
+    int rank, n, left, right, tag
+    const long long* blocks  # rows (holder, a, b): bytes [a, b) of buf that rail rank `holder` holds
+    int nrecvs, nsends  # blocks this rank receives (from the left), and sends (to the right)
+    int* recv_rows  # the rows received, in the order the left sends them
+    int* send_rows  # the rows sent, in that order
+    int* arrival  # per row: where its receive is in recv_rows (-1: none, we hold it)
+    bint posted  # the receives
+    int received, sends_posted, sent  # receives completed, sends posted and completed, in order
+    Request* recvs
+    Request* sends
+
+
+cdef bint _advance_relay(void* state, Call* c, bint* done) noexcept nogil:
+    cdef RelayState* r = <RelayState*>state
+    cdef const long long* row
+    cdef bint moved = False
+    cdef int i, at
+    if not r.posted:
+        for i in range(r.nrecvs):
+            row = r.blocks + 3 * r.recv_rows[i]
+            _failed(mpi_irecv(c.buf + row[1], <int>(row[2] - row[1]), c.byte, r.left, r.tag, c.comm, &r.recvs[i]), c)
+        r.posted = moved = True
+    while r.received < r.nrecvs and _tested(&r.recvs[r.received], c):
+        r.received += 1
+        moved = True
+    while r.sends_posted < r.nsends:  # a block goes on once we hold it, in the order the right receives them
+        at = r.arrival[r.send_rows[r.sends_posted]]
+        if at >= r.received:
+            break
+        row = r.blocks + 3 * r.send_rows[r.sends_posted]
+        _failed(mpi_isend(c.buf + row[1], <int>(row[2] - row[1]), c.byte, r.right, r.tag, c.comm,
+                          &r.sends[r.sends_posted]), c)
+        r.sends_posted += 1
+        moved = True
+    while r.sent < r.sends_posted and _tested(&r.sends[r.sent], c):
+        r.sent += 1
+        moved = True
+    done[0] = r.received == r.nrecvs and r.sent == r.nsends
+    return moved
+
+
+cdef class Relay(Schedule):
+    """One allgather of the slice buf around the rail (the module notes): blocks, (holder, a, b), the bytes
+    [a, b) of buf that rail rank `holder` holds, each at most PART_BYTES; every rank passes the same blocks."""
+    cdef RelayState relay
+
+    def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, op, cnp.ndarray scratch not None, int threads,
+                  int tag, blocks):
+        cdef RelayState* r = &self.relay
+        cdef int i
+        self.advance, self.state = _advance_relay, r
+        r.recv_rows = r.send_rows = r.arrival = NULL
+        r.recvs = r.sends = NULL
+        r.rank, r.n, r.tag = comm.Get_rank(), comm.Get_size(), tag
+        r.left, r.right = _mod(r.rank - 1, r.n), (r.rank + 1) % r.n
+        for holder, a, b in blocks:
+            if not (0 <= holder < r.n and 0 <= a < b <= buf.nbytes and b - a <= PART_BYTES):
+                raise ValueError(f"block ({holder}, {a}, {b}) is not a rail rank's nonempty range of at most "
+                                 f"{PART_BYTES} of buf's {buf.nbytes} bytes")
+        rows = np.array(blocks, np.int64).reshape(-1, 3)
+        self.buffers += (rows,)
+        r.blocks = <const long long*>cnp.PyArray_DATA(rows)
+        # a rank sends the blocks it holds, then those held one rank further left, and so on, each holder's in
+        # buf's order: the order its right neighbour receives them in (hops from the sender back to the holder)
+        n, rank, left, right = r.n, r.rank, r.left, r.right
+        received = sorted((i for i in range(len(blocks)) if blocks[i][0] != rank),
+                          key=lambda i: ((left - blocks[i][0]) % n, blocks[i][1]))
+        sent = sorted((i for i in range(len(blocks)) if blocks[i][0] != right),
+                      key=lambda i: ((rank - blocks[i][0]) % n, blocks[i][1]))
+        r.nrecvs, r.nsends = len(received), len(sent)
+        r.recv_rows = <int*>malloc(max(1, r.nrecvs) * sizeof(int))
+        r.send_rows = <int*>malloc(max(1, r.nsends) * sizeof(int))
+        r.arrival = <int*>malloc(max(1, len(blocks)) * sizeof(int))
+        r.recvs = <Request*>calloc(max(1, r.nrecvs), sizeof(Request))
+        r.sends = <Request*>calloc(max(1, r.nsends), sizeof(Request))
+        if not (r.recv_rows and r.send_rows and r.arrival and r.recvs and r.sends):
+            raise MemoryError()
+        for i in range(len(blocks)):
+            r.arrival[i] = -1
+        for i, row in enumerate(received):
+            r.recv_rows[i], r.arrival[row] = row, i
+        for i, row in enumerate(sent):
+            r.send_rows[i] = row
+        r.posted, r.received, r.sends_posted, r.sent = False, 0, 0, 0
+
+    def __dealloc__(self):
+        free(self.relay.recv_rows)
+        free(self.relay.send_rows)
+        free(self.relay.arrival)
+        free(self.relay.recvs)
+        free(self.relay.sends)
+
+    def awaited(self) -> list:
+        """The neighbours whose part is under way: the left while blocks are to come, the right while sends
+        are pending."""
+        cdef RelayState* r = &self.relay
+        late = []
+        if r.posted and r.received < r.nrecvs:
+            late.append(r.left)
+        if r.sent < r.sends_posted and r.right not in late:
+            late.append(r.right)
+        return late
+
+    def waiting_for(self) -> list:
+        """The blocks under way and their neighbours, in words."""
+        cdef RelayState* r = &self.relay
+        waits = []
+        if r.posted and r.received < r.nrecvs:
+            waits.append(f"block {r.received} of {r.nrecvs} from rank {r.left}")
+        if r.sent < r.sends_posted:
+            waits.append(f"block {r.sent} of {r.nsends} to be taken by rank {r.right}")
+        return waits
+
+    def abandon(self) -> None:
+        """Cancel the receives still posted (the sends stay as they are)."""
+        cdef RelayState* r = &self.relay
+        cdef int i
+        if r.posted:
+            for i in range(r.received, r.nrecvs):
+                self._cancel(&r.recvs[i])
 
 
 # ---- MPI's own collectives (mpi, gather) -----------------------------------------------------------------

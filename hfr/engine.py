@@ -373,12 +373,13 @@ class Engine:
         if call.collective == "broadcast":
             return (lambda buf, first: internode.broadcast_schedule(self.rail_comm, buf, first, root),
                     internode.broadcast_what(root))
+        if call.collective == "allgather":  # each node holds its ranks' shards of out
+            held = [[] for _ in range(self.layout.nnodes)]
+            for rank, node in enumerate(self.layout.rank_nodes):
+                held[node].append(_node_call.shard_start(rank, call.x.size))
+            return (lambda buf, first: internode.allgather_schedule(self.rail_comm, buf, first, held, call.x.size),
+                    internode.ALLGATHER_WHAT)
         algo = self._algo_for(call)
-        if call.collective == "allgather":  # this node's ranks' shards of out are what it holds
-            starts = [_node_call.shard_start(r, call.x.size) for r in self.layout.node_ranks]
-            return (lambda buf, first: internode.allgather_schedule(self.rail_comm, buf, first, starts, call.x.size,
-                                                                    algo, self.threads),
-                    internode.allgather_what(algo))
         op = combining(call.op)
         to = root if call.collective == "reduce" else None
         return (lambda buf, first: internode.schedule(self.rail_comm, buf, first, op, algo, self.threads, root=to),

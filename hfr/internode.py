@@ -14,8 +14,9 @@ buf and forwards it to its children. Up to BLOCKS_IN_FLIGHT blocks per tree are 
 both trees move together, and later blocks go up while earlier ones come down. Every rank ends with the
 root's bits, which depend only on the number of nodes, the dtype, the op and the data.
 reduce runs the up phase only, broadcast the down phase only, both on the trees rooted at `root`.
-allgather is a sum of the slice's bytes by the algo, each rank's bytes that it does not hold zeroed first
-(b + 0 is b, bit for bit): it moves twice what an allgather needs.
+allgather moves bytes only, whatever the algo: each rank holds some of the slice (its node's ranks' shards),
+cut into blocks of at most block_bytes that go around the rail from their holders (relay, in
+hfr/_internode.pyx): each link carries what its right-hand rank lacks, once.
 The blocks move in C with the GIL released (hfr/_internode.pyx), as do doubling's and halving's.
 
 doubling (chosen for small slices) is recursive doubling: log2 n swaps of the whole slice between rank
@@ -53,8 +54,8 @@ from typing import Callable, NoReturn, Optional
 import numpy as np
 from mpi4py import MPI
 
-from ._internode import BLOCKS_IN_FLIGHT, Collective, CollectiveKind, Doubling, Ring, Schedule, TreePipeline
-from ._internode import ring_scratch_elements, tree_scratch_bytes
+from ._internode import BLOCKS_IN_FLIGHT, Collective, CollectiveKind, Doubling, Relay, Ring, Schedule
+from ._internode import TreePipeline, ring_scratch_elements, tree_scratch_bytes
 from ._internode import Tag
 from ._internode import VOTE_RECORD_WORDS as VOTE_WORDS
 from . import _wait
@@ -65,7 +66,7 @@ from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "VoteRecord", "schedule", "schedule_what",
            "broadcast_schedule", "broadcast_what", "allgather", "allgather_schedule",
-           "allgather_what", "stopped", "abandon",
+           "ALLGATHER_WHAT", "stopped", "abandon",
            "keep_for_good", "choose_algo", "report_absent", "reported_absent", "rail_closed", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
            "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
@@ -118,15 +119,15 @@ def broadcast(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *,
               broadcast_what(root))
 
 
-def allgather(rail: MPI.Comm, buf: np.ndarray, first: int, starts: list[int], length: int, *, algo: str = "dbtree",
-              deadline: Optional[float] = None, threads: int = 1) -> None:
-    """buf on every rail rank = the elements each rail rank holds of it, in place: this rank holds
-    [start, start + length) of the global elements for each of starts (allgather_schedule)."""
-    _check(rail, buf, first, Op.SUM, algo, DEFAULT_BLOCK_BYTES)
+def allgather(rail: MPI.Comm, buf: np.ndarray, first: int, held: list[list[int]], length: int, *,
+              block_bytes: int = DEFAULT_BLOCK_BYTES, deadline: Optional[float] = None) -> None:
+    """buf on every rail rank = the elements each rail rank holds of it, in place: rail rank r holds
+    [start, start + length) of the global elements for each start of held[r] (allgather_schedule)."""
+    _check(rail, buf, first, Op.SUM, "dbtree", block_bytes)
     if rail.Get_size() == 1 or buf.size == 0:
         return
-    _run_in_c(rail, allgather_schedule(rail, buf, first, starts, length, algo, threads), deadline,
-              allgather_what(algo))
+    _run_in_c(rail, allgather_schedule(rail, buf, first, held, length, block_bytes=block_bytes), deadline,
+              ALLGATHER_WHAT)
 
 
 DOUBLING_UP_TO_BYTES = 64 * 1024
@@ -386,34 +387,23 @@ def broadcast_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *
     return _trees(rail, buf, first, Op.SUM, _rooted_nodes(rail, root), block_bytes, 1, up=False, down=True)
 
 
-def allgather_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, starts: list[int], length: int, algo: str,
-                       threads: int) -> Schedule:
+def allgather_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, held: list[list[int]], length: int, *,
+                       block_bytes: int = DEFAULT_BLOCK_BYTES) -> Relay:
     """The schedule of an allgather over the rail of the slice buf (its global first element `first`) where
-    this rank holds the elements [start, start + length) for each of starts, and another rail rank the
-    rest: run as a sum of buf's bytes by algo (one of ALGOS), the bytes this rank does not hold
-    zeroed as it starts (b + 0 is b, bit for bit). It moves twice what an allgather needs."""
-    itemsize = buf.itemsize
-    unheld = np.array([(a - first, b - first) for a, b in _gaps(first, first + buf.size, starts, length)],
-                      np.int64).reshape(-1, 2) * itemsize
-    allgather = schedule(rail, buf.view(np.uint8), first * itemsize, Op.SUM, algo, threads)
-    allgather.zero_unheld(unheld)
-    return allgather
+    rail rank r holds the elements [start, start + length) for each start of held[r] (every element of the
+    slice held by one): the blocks of what each holds go around the rail."""
+    end, size = first + buf.size, buf.itemsize
+    block = max(1, block_bytes // size)
+    blocks = []
+    for holder, starts in enumerate(held):
+        for start in starts:
+            for lo in range(max(start, first), min(start + length, end), block):
+                blocks.append((holder, (lo - first) * size, (min(lo + block, start + length, end) - first) * size))
+    return Relay(rail, buf.view(np.uint8), Op.SUM, _NO_SCRATCH, 1, Tag.RELAY_TAG, blocks)
 
 
-def _gaps(lo: int, hi: int, starts: list[int], length: int) -> list[tuple[int, int]]:
-    """The parts of [lo, hi) outside every [start, start + length)."""
-    gaps = []
-    for start in sorted(starts):
-        if lo >= hi:
-            break
-        if start > lo:
-            gaps.append((lo, min(start, hi)))
-        lo = max(lo, start + length)
-    return gaps + [(lo, hi)] if lo < hi else gaps
-
-
-def allgather_what(algo: str) -> str:
-    return f"allgather ({algo})"
+ALLGATHER_WHAT = "allgather"
+_NO_SCRATCH = np.empty(0, np.uint8)
 
 
 def broadcast_what(root: int) -> str:

@@ -17,6 +17,7 @@ def test_every_algo_dtype_op_size_and_root(nranks):
     assert "OK reduce and broadcast from every root" in out
     assert "OK rewound schedules" in out
     assert "OK vote records" in out
+    assert "OK allgather" in out
 
 
 def test_dead_peer_times_out_naming_it():
@@ -25,6 +26,7 @@ def test_dead_peer_times_out_naming_it():
     assert "OK dead peer" in out, out
     for algo in ALGOS:
         assert f"OK {algo} timed out" in out, out
+    assert "OK allgather timed out" in out, out
     assert "OK a stopped schedule refuses to run again" in out, out
     assert time.monotonic() - start < 30
 

@@ -2,9 +2,10 @@
 
     internode_worker.py check      every algo, dtype, op and size; reduce and broadcast to every root;
                                    the bits of CUT_FREE_ALGOS independent of blocks and cuts; schedules
-                                   rewound and run again; vote records carrying data
-    internode_worker.py dead_peer  2 ranks, rank 1 never calls: rank 0 must time out, naming rank 1; the
-                                   stopped schedule refuses to run again
+                                   rewound and run again; vote records carrying data; allgather of
+                                   pieces held in every pattern
+    internode_worker.py dead_peer  2 ranks, rank 1 never calls: rank 0 must time out, naming rank 1 (every
+                                   algo, and the allgather); the stopped schedule refuses to run again
 
 Every rank makes every rank's input from a seed (rank, case), so each computes the expected result
 itself. Prints "OK <what>" lines on rank 0; any failure raises, and mpi4py's runner aborts the job.
@@ -215,6 +216,35 @@ def check_vote_records() -> None:
         print("OK vote records")
 
 
+def check_allgather() -> None:
+    """Every rank's slice of one global array, each element held by one rank (shards of `length` elements,
+    contiguous per rank or dealt round, slices that start or end inside a shard or hold no shard of some
+    rank, blocks from one element to the whole slice): every rank ends with the global array's bytes, the
+    parts it did not hold poisoned before."""
+    cases = 0
+    for dtype in (np.dtype(np.float16), np.dtype(np.int64)):
+        for length in (1, 7, 1009):
+            shards = 2 * NRANKS
+            values = make_input(NRANKS, dtype, Op.SUM, shards * length, length)  # the same on every rank
+            for dealt in (False, True):  # shard s is rank s // 2's, or rank s % NRANKS's
+                held = [[s * length for s in range(shards) if (s % NRANKS if dealt else s // 2) == r]
+                        for r in range(NRANKS)]
+                for first, stop in ((0, shards * length), (length // 2, shards * length - 1), (length, 2 * length + 1)):
+                    for block_bytes in (dtype.itemsize, 1000, 1 << 20):
+                        buf = values[first:stop].copy()
+                        mine = np.zeros(buf.size, bool)
+                        for start in held[RANK]:
+                            mine[max(start - first, 0) : max(start + length - first, 0)] = True
+                        buf.view(np.uint8).reshape(buf.size, -1)[~mine] = POISON
+                        internode.allgather(COMM, buf, first, held, length, block_bytes=block_bytes,
+                                            deadline=deadline())
+                        what = f"allgather {dtype} length {length} dealt {dealt} [{first}, {stop}) blocks {block_bytes}"
+                        assert digest(buf) == digest(values[first:stop]), what
+                        cases += 1
+    if RANK == 0:
+        print(f"OK allgather: {cases} cases")
+
+
 def check_dead_peer() -> None:
     """Rank 1 never calls; rank 0 must raise HFRTimeoutError naming rank 1 for every algo, in time."""
     if RANK == 1:
@@ -232,6 +262,16 @@ def check_dead_peer() -> None:
             print(f"OK {algo} timed out {late * 1e3:.0f} ms after the deadline: {e}", flush=True)
         else:
             raise AssertionError(f"{algo}: allreduce returned without its peer")
+    buf = np.ones(1000, np.float32)
+    start = time.monotonic()
+    try:
+        internode.allgather(COMM, buf, 0, [[0], [500]], 500, deadline=start + 0.5)
+    except HFRTimeoutError as e:
+        late = time.monotonic() - start - 0.5
+        assert late < 3 and "rank 1" in str(e), f"allgather: timed out {late:.1f} s after the deadline: {e}"
+        print(f"OK allgather timed out {late * 1e3:.0f} ms after the deadline: {e}", flush=True)
+    else:
+        raise AssertionError("allgather returned without its peer")
     # A schedule that stopped part way may still have receives posted: it never runs again.
     buf = np.ones(1000, np.float32)
     stopped = internode.schedule(COMM, buf, 0, Op.SUM, "doubling", 1)
@@ -252,6 +292,7 @@ if __name__ == "__main__":
         check_reduce_and_broadcast()
         check_rewound_schedules()
         check_vote_records()
+        check_allgather()
     elif sys.argv[1] == "dead_peer":
         check_dead_peer()
     else:
