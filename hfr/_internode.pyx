@@ -1,6 +1,6 @@
 """The inter-node algorithms that run in C with the GIL released: dbtree's block pipeline
 (TreePipeline), recursive doubling, alone or after recursive halving (Doubling), the ring over
-fixed granules (Ring), the allgather's relay around the rail (Relay), and MPI's own collectives, polled
+fixed granules (Ring), blocks relayed around the rail (Relay), and MPI's own collectives, polled
 (Collective: mpi and gather).
 hfr/internode.py checks arguments and chooses; this moves the bytes.
 
@@ -44,13 +44,17 @@ hfr/internode.py defines them; each step posts one message per granule of the se
 of the one it receives from the left, and a reduce-scatter step combines (ours op theirs) once all have
 arrived. Steps follow one another (the next step's segment is this step's result).
 
-relay (an allgather): the slice's bytes are cut into *blocks*, each held by one rail rank; each block goes
-around the rail from its holder, rank to right-hand rank, until the holder's left neighbour has it. Every
-rank posts the receives of the blocks it lacks at once, into their places in buf, and sends a block on
-as soon as it holds it, in one order both ends compute: the blocks it holds first, then those held one
-rank further left, and so on, each holder's in buf's order. Each link carries every block but those its
-right-hand rank holds, once: the slice x (n-1)/n where every rank holds as much, as a ring allgather;
-a slice one rank holds flows down the chain pipelined in blocks.
+relay (an allgather, or a reduce-scatter of large slices): the slice's bytes are cut into *blocks*, each
+with a *chain* of n rail ranks from its start rightwards: an allgather's block starts at the rank that holds
+it, a reduce-scatter's one rank right of the rank it is reduced to, and ends at that rank; each rank of the
+chain but the last sends the block to its right-hand neighbour once it has it (a reduce-scatter's: once it
+has combined its own into what arrived, ours op theirs, so a block's n values are combined in the order of
+its chain). Every rank posts the receives of the blocks that come to it at once (into their places in buf,
+or a reduce-scatter's into scratch), and sends in one order both ends compute: the blocks whose chain
+starts at it, then those starting one rank further left, and so on, each start's in buf's order. Each link
+carries every block whose chain does not start at its right-hand rank, once: the slice x (n-1)/n where
+every rank starts as much, as a ring does; a slice whose blocks all start at one rank flows down the chain
+pipelined in blocks.
 
 mpi and gather (hfr/internode.py says what they give): one nonblocking collective of MPI's, posted on
 the first poll and tested after: MPI_Iallreduce in place, MPI_Ireduce (in place at the root), or, for
@@ -867,13 +871,16 @@ cdef class Ring(Schedule):
 
 ctypedef struct RelayState:
     int rank, n, left, right, tag
-    const long long* blocks  # rows (holder, a, b): bytes [a, b) of buf that rail rank `holder` holds
+    bint combine  # a reduce-scatter's: a block received is combined into buf before it goes on
+    const long long* blocks  # rows (start, a, b): bytes [a, b) of buf, whose chain starts at rail rank `start`
     int nrecvs, nsends  # blocks this rank receives (from the left), and sends (to the right)
     int* recv_rows  # the rows received, in the order the left sends them
     int* send_rows  # the rows sent, in that order
-    int* arrival  # per row: where its receive is in recv_rows (-1: none, we hold it)
+    int* arrival  # per row: where its receive is in recv_rows (-1: none, the chain starts here)
+    char* landing  # where receives land: buf (allgather) or scratch
+    Py_ssize_t* landed  # per receive: its offset there
     bint posted  # the receives
-    int received, sends_posted, sent  # receives completed, sends posted and completed, in order
+    int received, sends_posted, sent  # receives completed (and combined), sends posted and completed, in order
     Request* recvs
     Request* sends
 
@@ -881,14 +888,23 @@ ctypedef struct RelayState:
 cdef bint _advance_relay(void* state, Call* c, bint* done) noexcept nogil:
     cdef RelayState* r = <RelayState*>state
     cdef const long long* row
+    cdef void* inputs[2]
     cdef bint moved = False
     cdef int i, at
     if not r.posted:
         for i in range(r.nrecvs):
             row = r.blocks + 3 * r.recv_rows[i]
-            _failed(mpi_irecv(c.buf + row[1], <int>(row[2] - row[1]), c.byte, r.left, r.tag, c.comm, &r.recvs[i]), c)
+            _failed(mpi_irecv(r.landing + r.landed[i], <int>(row[2] - row[1]), c.byte, r.left, r.tag, c.comm,
+                              &r.recvs[i]), c)
         r.posted = moved = True
     while r.received < r.nrecvs and _tested(&r.recvs[r.received], c):
+        if r.combine:  # ours op the partial from the left
+            row = r.blocks + 3 * r.recv_rows[r.received]
+            inputs[0], inputs[1] = c.buf + row[1], r.landing + r.landed[r.received]
+            if reduce_nogil(c.kind, c.itemsize, inputs[0], inputs, 2, (row[2] - row[1]) // c.itemsize, c.code,
+                            c.threads, 1, STORES_BY_SIZE):
+                _failed(NO_MEMORY, c)
+                return moved
         r.received += 1
         moved = True
     while r.sends_posted < r.nsends:  # a block goes on once we hold it, in the order the right receives them
@@ -908,28 +924,36 @@ cdef bint _advance_relay(void* state, Call* c, bint* done) noexcept nogil:
 
 
 cdef class Relay(Schedule):
-    """One allgather of the slice buf around the rail (the module notes): blocks, (holder, a, b), the bytes
-    [a, b) of buf that rail rank `holder` holds, each at most PART_BYTES; every rank passes the same blocks."""
+    """One relay of the slice buf around the rail (the module notes): blocks, (start, a, b), the bytes [a, b)
+    of buf (whole elements), each at most PART_BYTES, whose chain starts at rail rank `start`; every rank
+    passes the same blocks. combine: a reduce-scatter's (op; scratch holds buf's bytes), else an
+    allgather's."""
     cdef RelayState relay
 
     def __cinit__(self, comm: MPI.Comm, cnp.ndarray buf not None, op, cnp.ndarray scratch not None, int threads,
-                  int tag, blocks):
+                  int tag, blocks, bint combine):
         cdef RelayState* r = &self.relay
+        cdef Py_ssize_t offset = 0
         cdef int i
         self.advance, self.state = _advance_relay, r
         r.recv_rows = r.send_rows = r.arrival = NULL
-        r.recvs = r.sends = NULL
-        r.rank, r.n, r.tag = comm.Get_rank(), comm.Get_size(), tag
+        r.landed, r.recvs, r.sends = NULL, NULL, NULL
+        r.rank, r.n, r.tag, r.combine = comm.Get_rank(), comm.Get_size(), tag, combine
         r.left, r.right = _mod(r.rank - 1, r.n), (r.rank + 1) % r.n
-        for holder, a, b in blocks:
-            if not (0 <= holder < r.n and 0 <= a < b <= buf.nbytes and b - a <= PART_BYTES):
-                raise ValueError(f"block ({holder}, {a}, {b}) is not a rail rank's nonempty range of at most "
-                                 f"{PART_BYTES} of buf's {buf.nbytes} bytes")
+        for start, a, b in blocks:
+            if not (0 <= start < r.n and 0 <= a < b <= buf.nbytes and b - a <= PART_BYTES
+                    and a % buf.itemsize == b % buf.itemsize == 0):
+                raise ValueError(f"block ({start}, {a}, {b}) is not a rail rank's nonempty range of whole elements, "
+                                 f"at most {PART_BYTES} bytes, of buf's {buf.nbytes}")
+        if combine and scratch.nbytes < buf.nbytes:
+            raise ValueError(f"scratch holds {scratch.nbytes} bytes, a reduce-scatter's relay up to {buf.nbytes}")
         rows = np.array(blocks, np.int64).reshape(-1, 3)
         self.buffers += (rows,)
         r.blocks = <const long long*>cnp.PyArray_DATA(rows)
-        # a rank sends the blocks it holds, then those held one rank further left, and so on, each holder's in
-        # buf's order: the order its right neighbour receives them in (hops from the sender back to the holder)
+        r.landing = <char*>cnp.PyArray_DATA(scratch if combine else buf)
+        # a block's chain runs from its start rightwards to the start's left neighbour; a rank sends the blocks
+        # whose chain starts at it, then those starting one rank further left, and so on, each start's in buf's
+        # order: the order its right neighbour receives them in
         n, rank, left, right = r.n, r.rank, r.left, r.right
         received = sorted((i for i in range(len(blocks)) if blocks[i][0] != rank),
                           key=lambda i: ((left - blocks[i][0]) % n, blocks[i][1]))
@@ -939,14 +963,17 @@ cdef class Relay(Schedule):
         r.recv_rows = <int*>malloc(max(1, r.nrecvs) * sizeof(int))
         r.send_rows = <int*>malloc(max(1, r.nsends) * sizeof(int))
         r.arrival = <int*>malloc(max(1, len(blocks)) * sizeof(int))
+        r.landed = <Py_ssize_t*>malloc(max(1, r.nrecvs) * sizeof(Py_ssize_t))
         r.recvs = <Request*>calloc(max(1, r.nrecvs), sizeof(Request))
         r.sends = <Request*>calloc(max(1, r.nsends), sizeof(Request))
-        if not (r.recv_rows and r.send_rows and r.arrival and r.recvs and r.sends):
+        if not (r.recv_rows and r.send_rows and r.arrival and r.landed and r.recvs and r.sends):
             raise MemoryError()
         for i in range(len(blocks)):
             r.arrival[i] = -1
         for i, row in enumerate(received):
             r.recv_rows[i], r.arrival[row] = row, i
+            r.landed[i] = offset if combine else blocks[row][1]
+            offset += blocks[row][2] - blocks[row][1]
         for i, row in enumerate(sent):
             r.send_rows[i] = row
         r.posted, r.received, r.sends_posted, r.sent = False, 0, 0, 0
@@ -955,6 +982,7 @@ cdef class Relay(Schedule):
         free(self.relay.recv_rows)
         free(self.relay.send_rows)
         free(self.relay.arrival)
+        free(self.relay.landed)
         free(self.relay.recvs)
         free(self.relay.sends)
 

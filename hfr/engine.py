@@ -368,19 +368,23 @@ class Engine:
     def _rail_step(self, call: Call) -> tuple[Callable[[np.ndarray, int], Any], str]:
         """How a call across nodes crosses the rail in C: a maker of one slice's schedule, (buf, its global
         first element) -> the allreduce (a reduce's reduce, a broadcast's broadcast, an allgather's
-        allgather), and what a timeout of it says it ran."""
+        allgather, a reduce_scatter's reduce-scatter where its algo, chosen by the call's size, is not
+        doubling or halving: its bits then do not depend on the chunks), and what a timeout of it says it ran."""
         root = self.layout.rank_nodes[call.root]
         if call.collective == "broadcast":
             return (lambda buf, first: internode.broadcast_schedule(self.rail_comm, buf, first, root),
                     internode.broadcast_what(root))
         if call.collective == "allgather":  # each node holds its ranks' shards of out
-            held = [[] for _ in range(self.layout.nnodes)]
-            for rank, node in enumerate(self.layout.rank_nodes):
-                held[node].append(_node_call.shard_start(rank, call.x.size))
+            held = self._node_shards(call.x.size)
             return (lambda buf, first: internode.allgather_schedule(self.rail_comm, buf, first, held, call.x.size),
                     internode.ALLGATHER_WHAT)
         algo = self._algo_for(call)
         op = combining(call.op)
+        if call.collective == "reduce_scatter" and algo not in _REWOUND:  # each node owns its ranks' shards of x
+            owned = self._node_shards(call.out.size)
+            return (lambda buf, first: internode.reduce_scatter_schedule(self.rail_comm, buf, first, op, owned,
+                                                                         call.out.size, self.threads),
+                    internode.REDUCE_SCATTER_WHAT)
         to = root if call.collective == "reduce" else None
         return (lambda buf, first: internode.schedule(self.rail_comm, buf, first, op, algo, self.threads, root=to),
                 internode.schedule_what(algo, to))
@@ -499,6 +503,13 @@ class Engine:
         ready, ranks, linked = self.segment.control[:, PAIR_READY], self.layout.node_ranks, int(PairReady.PAIR_LINKED)
         partners = ((j, _node_call.partner_of(j, len(ranks))) for j in range(len(ranks)))
         return [(ranks[j], ranks[k]) for j, k in partners if j < k and ready[j] == linked and ready[k] == linked]
+
+    def _node_shards(self, shard: int) -> list[list[int]]:
+        """Per node, where its ranks' shards of `shard` elements start (shard_start)."""
+        starts = [[] for _ in range(self.layout.nnodes)]
+        for rank, node in enumerate(self.layout.rank_nodes):
+            starts[node].append(_node_call.shard_start(rank, shard))
+        return starts
 
     def _algo_for(self, call: Call) -> str:
         """HFR_ALGO, or by the call's size (internode.choose_algo)."""

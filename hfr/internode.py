@@ -16,7 +16,10 @@ root's bits, which depend only on the number of nodes, the dtype, the op and the
 reduce runs the up phase only, broadcast the down phase only, both on the trees rooted at `root`.
 allgather moves bytes only, whatever the algo: each rank holds some of the slice (its node's ranks' shards),
 cut into blocks of at most block_bytes that go around the rail from their holders (relay, in
-hfr/_internode.pyx): each link carries what its right-hand rank lacks, once.
+hfr/_internode.pyx): each link carries what its right-hand rank lacks, once. reduce_scatter (where each rank
+needs only the elements it *owns*, its node's ranks' shards) relays the same way, each block starting one
+rank right of its owner and combined at every rank it passes: each element's n values are combined in an
+order that follows from its owner, so from its global index; half the bytes of an allreduce.
 The blocks move in C with the GIL released (hfr/_internode.pyx), as do doubling's and halving's.
 
 doubling (chosen for small slices) is recursive doubling: log2 n swaps of the whole slice between rank
@@ -66,7 +69,7 @@ from .ops import Op, as_dtype
 
 __all__ = ["allreduce", "reduce", "broadcast", "vote", "vote_schedule", "VoteRecord", "schedule", "schedule_what",
            "broadcast_schedule", "broadcast_what", "allgather", "allgather_schedule",
-           "ALLGATHER_WHAT", "stopped", "abandon",
+           "ALLGATHER_WHAT", "reduce_scatter", "reduce_scatter_schedule", "REDUCE_SCATTER_WHAT", "stopped", "abandon",
            "keep_for_good", "choose_algo", "report_absent", "reported_absent", "rail_closed", "VOTE_WHAT", "VOTE_WORDS", "VOTE_ROOM_BYTES", "ALGOS", "TREE_GRANULE_BYTES",
            "DEFAULT_BLOCK_BYTES", "BLOCKS_IN_FLIGHT", "DOUBLING_UP_TO_BYTES", "HALVING_UP_TO_BYTES",
            "RING_UP_TO_NODES", "RING_GRANULE_BYTES"]
@@ -128,6 +131,17 @@ def allgather(rail: MPI.Comm, buf: np.ndarray, first: int, held: list[list[int]]
         return
     _run_in_c(rail, allgather_schedule(rail, buf, first, held, length, block_bytes=block_bytes), deadline,
               ALLGATHER_WHAT)
+
+
+def reduce_scatter(rail: MPI.Comm, buf: np.ndarray, first: int, op, owned: list[list[int]], length: int, *,
+                   block_bytes: int = DEFAULT_BLOCK_BYTES, deadline: Optional[float] = None, threads: int = 1) -> None:
+    """The elements rail rank r owns of buf (global [start, start + length) for each start of owned[r]) = their
+    op-reduction over all rail ranks, on rank r; the rest of buf: unspecified (reduce_scatter_schedule)."""
+    op = _check(rail, buf, first, op, "dbtree", block_bytes)
+    if rail.Get_size() == 1 or buf.size == 0:
+        return
+    _run_in_c(rail, reduce_scatter_schedule(rail, buf, first, op, owned, length, threads, block_bytes=block_bytes),
+              deadline, REDUCE_SCATTER_WHAT)
 
 
 DOUBLING_UP_TO_BYTES = 64 * 1024
@@ -391,18 +405,34 @@ def allgather_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, held: list[l
                        block_bytes: int = DEFAULT_BLOCK_BYTES) -> Relay:
     """The schedule of an allgather over the rail of the slice buf (its global first element `first`) where
     rail rank r holds the elements [start, start + length) for each start of held[r] (every element of the
-    slice held by one): the blocks of what each holds go around the rail."""
-    end, size = first + buf.size, buf.itemsize
+    slice held by one): the blocks of what each holds go around the rail from it."""
+    blocks = _relay_blocks(buf, first, held, length, block_bytes, 0)
+    return Relay(rail, buf.view(np.uint8), Op.SUM, _NO_SCRATCH, 1, Tag.RELAY_TAG, blocks, False)
+
+
+def reduce_scatter_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, owned: list[list[int]],
+                            length: int, threads: int, *, block_bytes: int = DEFAULT_BLOCK_BYTES) -> Relay:
+    """The schedule of a reduce-scatter over the rail of the slice buf (its global first element `first`),
+    where rail rank r owns the elements [start, start + length) for each start of owned[r] (every element of
+    the slice owned by one): each owner's blocks go around the rail from its right-hand rank, combined by op
+    on the way, what arrives landing in this thread's scratch."""
+    blocks = _relay_blocks(buf, first, owned, length, block_bytes, 1)
+    return Relay(rail, buf, op, _scratch("relay", buf.nbytes), threads, Tag.RELAY_TAG, blocks, True)
+
+
+def _relay_blocks(buf: np.ndarray, first: int, shards: list[list[int]], length: int, block_bytes: int,
+                  after: int) -> list[tuple[int, int, int]]:
+    """Relay's blocks (start, a, b) of the slice buf: each rank r's shards [start, start + length) of it, cut
+    into blocks of at most block_bytes (whole elements), their chains starting `after` ranks right of r."""
+    end, size, n = first + buf.size, buf.itemsize, len(shards)
     block = max(1, block_bytes // size)
-    blocks = []
-    for holder, starts in enumerate(held):
-        for start in starts:
-            for lo in range(max(start, first), min(start + length, end), block):
-                blocks.append((holder, (lo - first) * size, (min(lo + block, start + length, end) - first) * size))
-    return Relay(rail, buf.view(np.uint8), Op.SUM, _NO_SCRATCH, 1, Tag.RELAY_TAG, blocks)
+    return [((r + after) % n, (lo - first) * size, (min(lo + block, start + length, end) - first) * size)
+            for r, starts in enumerate(shards) for start in starts
+            for lo in range(max(start, first), min(start + length, end), block)]
 
 
 ALLGATHER_WHAT = "allgather"
+REDUCE_SCATTER_WHAT = "reduce-scatter"
 _NO_SCRATCH = np.empty(0, np.uint8)
 
 

@@ -18,6 +18,7 @@ def test_every_algo_dtype_op_size_and_root(nranks):
     assert "OK rewound schedules" in out
     assert "OK vote records" in out
     assert "OK allgather" in out
+    assert "OK reduce_scatter" in out
 
 
 def test_dead_peer_times_out_naming_it():
@@ -27,6 +28,7 @@ def test_dead_peer_times_out_naming_it():
     for algo in ALGOS:
         assert f"OK {algo} timed out" in out, out
     assert "OK allgather timed out" in out, out
+    assert "OK reduce_scatter timed out" in out, out
     assert "OK a stopped schedule refuses to run again" in out, out
     assert time.monotonic() - start < 30
 

@@ -2,10 +2,11 @@
 
     internode_worker.py check      every algo, dtype, op and size; reduce and broadcast to every root;
                                    the bits of CUT_FREE_ALGOS independent of blocks and cuts; schedules
-                                   rewound and run again; vote records carrying data; allgather of
-                                   pieces held in every pattern
+                                   rewound and run again; vote records carrying data; allgather and
+                                   reduce_scatter of shards held or owned in every pattern
     internode_worker.py dead_peer  2 ranks, rank 1 never calls: rank 0 must time out, naming rank 1 (every
-                                   algo, and the allgather); the stopped schedule refuses to run again
+                                   algo, the allgather and the reduce_scatter); the stopped schedule
+                                   refuses to run again
 
 Every rank makes every rank's input from a seed (rank, case), so each computes the expected result
 itself. Prints "OK <what>" lines on rank 0; any failure raises, and mpi4py's runner aborts the job.
@@ -245,33 +246,66 @@ def check_allgather() -> None:
         print(f"OK allgather: {cases} cases")
 
 
+def check_reduce_scatter() -> None:
+    """Each rank's input over one global index range, each element owned by one rank (shards contiguous per
+    rank or dealt round; slices that start or end inside a shard): every owner ends with its elements reduced,
+    close to the float64 reduction (exact for ints, max and min), with the same bits for any blocks and cuts."""
+    cases = 0
+    for dtype, op in ((np.dtype(np.float32), Op.SUM), (DTYPES[1], Op.SUM), (np.dtype(np.int32), Op.PROD),
+                      (np.dtype(np.float64), Op.MAX), (np.dtype(np.float16), Op.MIN)):
+        for length in (1, 7, 1009):
+            shards = 2 * NRANKS
+            case = 5000 + length
+            data = make_input(RANK, dtype, op, shards * length, case)
+            want = expected(dtype, op, shards * length, case)
+            for dealt in (False, True):
+                owned = [[s * length for s in range(shards) if (s % NRANKS if dealt else s // 2) == r]
+                         for r in range(NRANKS)]
+                mine = np.zeros(shards * length, bool)
+                for start in owned[RANK]:
+                    mine[start : start + length] = True
+                for first, stop in ((0, shards * length), (length // 2, shards * length - 1)):
+                    results = []
+                    for block_bytes, cuts in ((dtype.itemsize, []), (1000, []), (1 << 20, []),
+                                              (1000, [first + length + 1, stop - length // 2 - 1])):
+                        buf = data[first:stop].copy()
+                        for lo, hi in zip([first, *cuts], [*cuts, stop]):
+                            internode.reduce_scatter(COMM, buf[lo - first : hi - first], lo, op, owned, length,
+                                                     block_bytes=block_bytes, deadline=deadline(), threads=2)
+                        ours = mine[first:stop]
+                        what = (f"reduce_scatter {dtype} {op.value} length {length} dealt {dealt} [{first}, {stop}) "
+                                f"blocks {block_bytes} cuts {cuts}")
+                        check_close(buf[ours], want[first:stop][ours], dtype, op, what)
+                        results.append(digest(buf[ours]))
+                        cases += 1
+                    assert len(set(results)) == 1, f"reduce_scatter {dtype} {op.value}: bits change with blocks or cuts"
+    if RANK == 0:
+        print(f"OK reduce_scatter: {cases} cases")
+
+
 def check_dead_peer() -> None:
-    """Rank 1 never calls; rank 0 must raise HFRTimeoutError naming rank 1 for every algo, in time."""
+    """Rank 1 never calls; rank 0 must raise HFRTimeoutError naming rank 1 for every algo, the allgather and the
+    reduce_scatter, in time."""
     if RANK == 1:
         time.sleep(60)  # the job ends with rank 0's Abort long before
         return
-    for algo in internode.ALGOS:
-        buf = np.ones(1000, np.float32)
+    shards = [[0], [500]]  # of 1000 elements: rank 0 holds (owns) the first half, rank 1 the second
+    calls = [(algo, lambda d, algo=algo: internode.allreduce(COMM, np.ones(1000, np.float32), 0, Op.SUM, algo=algo,
+                                                             deadline=d)) for algo in internode.ALGOS]
+    calls += [("allgather", lambda d: internode.allgather(COMM, np.ones(1000, np.float32), 0, shards, 500, deadline=d)),
+              ("reduce_scatter", lambda d: internode.reduce_scatter(COMM, np.ones(1000, np.float32), 0, Op.SUM, shards,
+                                                                    500, deadline=d))]
+    for name, call in calls:
         start = time.monotonic()
         try:
-            internode.allreduce(COMM, buf, 0, Op.SUM, algo=algo, deadline=start + 0.5)
+            call(start + 0.5)
         except HFRTimeoutError as e:
             late = time.monotonic() - start - 0.5
-            assert late < 3, f"{algo}: timed out {late:.1f} s after the deadline"
-            assert algo in ("mpi", "gather") or "1" in str(e), f"{algo}: the error does not name rank 1: {e}"
-            print(f"OK {algo} timed out {late * 1e3:.0f} ms after the deadline: {e}", flush=True)
+            assert late < 3, f"{name}: timed out {late:.1f} s after the deadline"
+            assert name in ("mpi", "gather") or "1" in str(e), f"{name}: the error does not name rank 1: {e}"
+            print(f"OK {name} timed out {late * 1e3:.0f} ms after the deadline: {e}", flush=True)
         else:
-            raise AssertionError(f"{algo}: allreduce returned without its peer")
-    buf = np.ones(1000, np.float32)
-    start = time.monotonic()
-    try:
-        internode.allgather(COMM, buf, 0, [[0], [500]], 500, deadline=start + 0.5)
-    except HFRTimeoutError as e:
-        late = time.monotonic() - start - 0.5
-        assert late < 3 and "rank 1" in str(e), f"allgather: timed out {late:.1f} s after the deadline: {e}"
-        print(f"OK allgather timed out {late * 1e3:.0f} ms after the deadline: {e}", flush=True)
-    else:
-        raise AssertionError("allgather returned without its peer")
+            raise AssertionError(f"{name} returned without its peer")
     # A schedule that stopped part way may still have receives posted: it never runs again.
     buf = np.ones(1000, np.float32)
     stopped = internode.schedule(COMM, buf, 0, Op.SUM, "doubling", 1)
@@ -293,6 +327,7 @@ if __name__ == "__main__":
         check_rewound_schedules()
         check_vote_records()
         check_allgather()
+        check_reduce_scatter()
     elif sys.argv[1] == "dead_peer":
         check_dead_peer()
     else:
