@@ -19,7 +19,7 @@ cpdef enum Tag:  # every MPI tag hfr sends on a rail, each once: all below MPI's
     DOUBLING_TAG = 0x484B  # recursive doubling and halving
     VOTE_TAG = 0x484C  # the call check's vote
     ABSENT_TAG = 0x484D  # a timed-out rank's report of whom it waited for (hfr/internode.py's report_absent)
-    RELAY_TAG = 0x484E  # the allgather's relay
+    RELAY_TAG = 0x484E  # the relay of an allgather's or a reduce-scatter's blocks
 
 cdef enum:
     VOTE_WORDS = 11  # a vote record's int64 votes, before its data (hfr/_internode.pyx, "vote records")

@@ -945,6 +945,9 @@ cdef class Relay(Schedule):
                     and a % buf.itemsize == b % buf.itemsize == 0):
                 raise ValueError(f"block ({start}, {a}, {b}) is not a rail rank's nonempty range of whole elements, "
                                  f"at most {PART_BYTES} bytes, of buf's {buf.nbytes}")
+        ends = sorted((a, b) for _, a, b in blocks)
+        if any(b > a for (_, b), (a, _) in zip(ends, ends[1:])):
+            raise ValueError(f"blocks {blocks} overlap")
         if combine and scratch.nbytes < buf.nbytes:
             raise ValueError(f"scratch holds {scratch.nbytes} bytes, a reduce-scatter's relay up to {buf.nbytes}")
         rows = np.array(blocks, np.int64).reshape(-1, 3)

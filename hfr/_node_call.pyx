@@ -36,7 +36,8 @@ Chunk c of the call is chunk g = first_chunk + c of the Communicator and uses st
                    below, once its chunk is ended)
   reduce the node  per chunk: ARRIVED, then our slice of the inputs into the result slot (avg divided there)
   cross nodes      per chunk, across nodes: the slice's allreduce (a reduce's reduce, a broadcast's broadcast
-                   from the root's node, an allgather's allgather) over the rail
+                   from the root's node, an allgather's allgather, a large reduce_scatter's reduce-scatter)
+                   over the rail
   copy out         per chunk: REDUCED, then, once every rank has REDUCED, our part of the result slot into
                    out (from our own slice on, wrapping round: _to_out; an allgather in place leaves its
                    shard, which is x), then CONSUMED. A whole call
@@ -168,7 +169,7 @@ cdef struct Plan:  # one call on this rank, as call() lays it out; offsets and s
     Py_ssize_t at  # the chunk the loop is at (a failure's)
     bint arrived  # folded: the vote carried our slice, and chunk 0 has ARRIVED
     bint counted  # every rank has ANNOUNCED the call: it counts in calls_done, whatever happens next
-    Rail* rails  # across nodes: per chunk, the allreduce (or reduce) of our slice over the rail; else NULL
+    Rail* rails  # across nodes: per chunk, our slice's step over the rail (its allreduce, ...); else NULL
     Cuda* cuda  # staged (x and out on a CUDA device): its copies; else NULL
     char* staging  # staged: this rank's page-locked buffer of WHOLE_UP_TO_BYTES, for a whole call's result
     Py_ssize_t consumed  # staged: the chunks whose CONSUMED is published (their copies out ran)
@@ -365,7 +366,7 @@ cdef class NodeCall:
         moves nothing). x and out are host addresses of x's count and out_count elements of dtype; op is an
         hfr.Op, avg dividing the sum by the ranks.
         Across nodes, vote is the call check's doubling of vote records, whose votes this fills, and
-        rails[c] chunk c's allreduce (or reduce) of our slice of its result over the rail (None where the
+        rails[c] chunk c's step of our slice of its result over the rail, its allreduce, ... (None where the
         slice is empty), one per chunk; folded (one chunk): the vote's record carries our slice (its data:
         the slice's elements, none where it is empty) and rails is [None]. in_out (an allreduce of host
         arrays, one rank a node): each chunk's result is made in out itself, where its rail works, rather

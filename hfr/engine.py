@@ -369,7 +369,8 @@ class Engine:
         """How a call across nodes crosses the rail in C: a maker of one slice's schedule, (buf, its global
         first element) -> the allreduce (a reduce's reduce, a broadcast's broadcast, an allgather's
         allgather, a reduce_scatter's reduce-scatter where its algo, chosen by the call's size, is not
-        doubling or halving: its bits then do not depend on the chunks), and what a timeout of it says it ran."""
+        doubling or halving: those run as the allreduce, as _kept schedules of one chunk do, so a call takes one
+        way whatever the chunk size), and what a timeout of it says it ran."""
         root = self.layout.rank_nodes[call.root]
         if call.collective == "broadcast":
             return (lambda buf, first: internode.broadcast_schedule(self.rail_comm, buf, first, root),

@@ -406,7 +406,7 @@ def allgather_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, held: list[l
     """The schedule of an allgather over the rail of the slice buf (its global first element `first`) where
     rail rank r holds the elements [start, start + length) for each start of held[r] (every element of the
     slice held by one): the blocks of what each holds go around the rail from it."""
-    blocks = _relay_blocks(buf, first, held, length, block_bytes, 0)
+    blocks = _relay_blocks(rail, buf, first, held, length, block_bytes, 0)
     return Relay(rail, buf.view(np.uint8), Op.SUM, _NO_SCRATCH, 1, Tag.RELAY_TAG, blocks, False)
 
 
@@ -416,15 +416,17 @@ def reduce_scatter_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op,
     where rail rank r owns the elements [start, start + length) for each start of owned[r] (every element of
     the slice owned by one): each owner's blocks go around the rail from its right-hand rank, combined by op
     on the way, what arrives landing in this thread's scratch."""
-    blocks = _relay_blocks(buf, first, owned, length, block_bytes, 1)
+    blocks = _relay_blocks(rail, buf, first, owned, length, block_bytes, 1)
     return Relay(rail, buf, op, _scratch("relay", buf.nbytes), threads, Tag.RELAY_TAG, blocks, True)
 
 
-def _relay_blocks(buf: np.ndarray, first: int, shards: list[list[int]], length: int, block_bytes: int,
-                  after: int) -> list[tuple[int, int, int]]:
-    """Relay's blocks (start, a, b) of the slice buf: each rank r's shards [start, start + length) of it, cut
-    into blocks of at most block_bytes (whole elements), their chains starting `after` ranks right of r."""
-    end, size, n = first + buf.size, buf.itemsize, len(shards)
+def _relay_blocks(rail: MPI.Comm, buf: np.ndarray, first: int, shards: list[list[int]], length: int,
+                  block_bytes: int, after: int) -> list[tuple[int, int, int]]:
+    """Relay's blocks (start, a, b) of the slice buf: each rail rank r's shards [start, start + length) of it,
+    cut into blocks of at most block_bytes (whole elements), their chains starting `after` ranks right of r."""
+    end, size, n = first + buf.size, buf.itemsize, rail.Get_size()
+    if len(shards) != n:
+        raise ValueError(f"one list of shards per rail rank ({n}), got {len(shards)}")
     block = max(1, block_bytes // size)
     return [((r + after) % n, (lo - first) * size, (min(lo + block, start + length, end) - first) * size)
             for r, starts in enumerate(shards) for start in starts

@@ -242,6 +242,14 @@ def check_allgather() -> None:
                         what = f"allgather {dtype} length {length} dealt {dealt} [{first}, {stop}) blocks {block_bytes}"
                         assert digest(buf) == digest(values[first:stop]), what
                         cases += 1
+    for held, says in (([[0]] * (NRANKS + 1), "one list of shards per rail rank"),
+                       ([[0, 2]] + [[]] * (NRANKS - 1), "overlap")):
+        try:
+            internode.allgather_schedule(COMM, np.empty(10, np.float32), 0, held, 5)
+        except ValueError as e:
+            assert says in str(e), f"shards {held}: {e}"
+        else:
+            raise AssertionError(f"shards {held} were taken")
     if RANK == 0:
         print(f"OK allgather: {cases} cases")
 
