@@ -957,11 +957,13 @@ cdef class Relay(Schedule):
         # a block's chain runs from its start rightwards to the start's left neighbour; a rank sends the blocks
         # whose chain starts at it, then those starting one rank further left, and so on, each start's in buf's
         # order: the order its right neighbour receives them in
-        n, rank, left, right = r.n, r.rank, r.left, r.right
-        received = sorted((i for i in range(len(blocks)) if blocks[i][0] != rank),
-                          key=lambda i: ((left - blocks[i][0]) % n, blocks[i][1]))
-        sent = sorted((i for i in range(len(blocks)) if blocks[i][0] != right),
-                      key=lambda i: ((rank - blocks[i][0]) % n, blocks[i][1]))
+        n = r.n
+
+        def sender_order(int sender):  # hops back from the sender to the chain's start, then place in buf
+            return lambda i: ((sender - blocks[i][0]) % n, blocks[i][1])
+
+        received = sorted((i for i in range(len(blocks)) if blocks[i][0] != r.rank), key=sender_order(r.left))
+        sent = sorted((i for i in range(len(blocks)) if blocks[i][0] != r.right), key=sender_order(r.rank))
         r.nrecvs, r.nsends = len(received), len(sent)
         r.recv_rows = <int*>malloc(max(1, r.nrecvs) * sizeof(int))
         r.send_rows = <int*>malloc(max(1, r.nsends) * sizeof(int))

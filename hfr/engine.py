@@ -506,7 +506,7 @@ class Engine:
         return [(ranks[j], ranks[k]) for j, k in partners if j < k and ready[j] == linked and ready[k] == linked]
 
     def _node_shards(self, shard: int) -> list[list[int]]:
-        """Per node, where its ranks' shards of `shard` elements start (shard_start)."""
+        """Per node, where its ranks' shards of `shard` elements start (shard_start), ascending."""
         starts = [[] for _ in range(self.layout.nnodes)]
         for rank, node in enumerate(self.layout.rank_nodes):
             starts[node].append(_node_call.shard_start(rank, shard))

@@ -49,6 +49,7 @@ or past the caller's deadline.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -129,6 +130,7 @@ def allgather(rail: MPI.Comm, buf: np.ndarray, first: int, held: list[list[int]]
     _check(rail, buf, first, Op.SUM, "dbtree", block_bytes)
     if rail.Get_size() == 1 or buf.size == 0:
         return
+    held = [sorted(starts) for starts in held]
     _run_in_c(rail, allgather_schedule(rail, buf, first, held, length, block_bytes=block_bytes), deadline,
               ALLGATHER_WHAT)
 
@@ -140,6 +142,7 @@ def reduce_scatter(rail: MPI.Comm, buf: np.ndarray, first: int, op, owned: list[
     op = _check(rail, buf, first, op, "dbtree", block_bytes)
     if rail.Get_size() == 1 or buf.size == 0:
         return
+    owned = [sorted(starts) for starts in owned]
     _run_in_c(rail, reduce_scatter_schedule(rail, buf, first, op, owned, length, threads, block_bytes=block_bytes),
               deadline, REDUCE_SCATTER_WHAT)
 
@@ -404,8 +407,8 @@ def broadcast_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, root: int, *
 def allgather_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, held: list[list[int]], length: int, *,
                        block_bytes: int = DEFAULT_BLOCK_BYTES) -> Relay:
     """The schedule of an allgather over the rail of the slice buf (its global first element `first`) where
-    rail rank r holds the elements [start, start + length) for each start of held[r] (every element of the
-    slice held by one): the blocks of what each holds go around the rail from it."""
+    rail rank r holds the elements [start, start + length) for each start of held[r], ascending (every element
+    of the slice held by one): the blocks of what each holds go around the rail from it."""
     blocks = _relay_blocks(rail, buf, first, held, length, block_bytes, 0)
     return Relay(rail, buf.view(np.uint8), Op.SUM, _NO_SCRATCH, 1, Tag.RELAY_TAG, blocks, False)
 
@@ -413,8 +416,8 @@ def allgather_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, held: list[l
 def reduce_scatter_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op, owned: list[list[int]],
                             length: int, threads: int, *, block_bytes: int = DEFAULT_BLOCK_BYTES) -> Relay:
     """The schedule of a reduce-scatter over the rail of the slice buf (its global first element `first`),
-    where rail rank r owns the elements [start, start + length) for each start of owned[r] (every element of
-    the slice owned by one): each owner's blocks go around the rail from its right-hand rank, combined by op
+    where rail rank r owns the elements [start, start + length) for each start of owned[r], ascending (every
+    element of the slice owned by one): each owner's blocks go around the rail from its right-hand rank, combined by op
     on the way, what arrives landing in this thread's scratch."""
     blocks = _relay_blocks(rail, buf, first, owned, length, block_bytes, 1)
     return Relay(rail, buf, op, _scratch("relay", buf.nbytes), threads, Tag.RELAY_TAG, blocks, True)
@@ -422,15 +425,22 @@ def reduce_scatter_schedule(rail: MPI.Comm, buf: np.ndarray, first: int, op: Op,
 
 def _relay_blocks(rail: MPI.Comm, buf: np.ndarray, first: int, shards: list[list[int]], length: int,
                   block_bytes: int, after: int) -> list[tuple[int, int, int]]:
-    """Relay's blocks (start, a, b) of the slice buf: each rail rank r's shards [start, start + length) of it,
-    cut into blocks of at most block_bytes (whole elements), their chains starting `after` ranks right of r."""
+    """Relay's blocks (start, a, b) of the slice buf: each rail rank r's shards [start, start + length) of it
+    (shards[r], ascending), cut into blocks of at most block_bytes (whole elements), their chains starting
+    `after` ranks right of r. Only the shards that meet the slice are looked at: a call makes this per chunk."""
     end, size, n = first + buf.size, buf.itemsize, rail.Get_size()
     if len(shards) != n:
         raise ValueError(f"one list of shards per rail rank ({n}), got {len(shards)}")
     block = max(1, block_bytes // size)
-    return [((r + after) % n, (lo - first) * size, (min(lo + block, start + length, end) - first) * size)
-            for r, starts in enumerate(shards) for start in starts
-            for lo in range(max(start, first), min(start + length, end), block)]
+    blocks = []
+    for r, starts in enumerate(shards):
+        for i in range(bisect.bisect_right(starts, first - length), len(starts)):  # the first ending past first
+            if starts[i] >= end:
+                break
+            stop = min(starts[i] + length, end)
+            for lo in range(max(starts[i], first), stop, block):
+                blocks.append(((r + after) % n, (lo - first) * size, (min(lo + block, stop) - first) * size))
+    return blocks
 
 
 ALLGATHER_WHAT = "allgather"
